@@ -1,0 +1,33 @@
+# kiln: two commands on a fresh machine.
+#   make compile MODEL=mlp [TARGET=cpu|cuda]   creates the environment if missing, then compiles
+#   make test                                   ruff, mypy --strict, pytest
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODEL ?= mlp
+KILN_FLAGS ?=
+TARGET_FLAG := $(if $(TARGET),--target $(TARGET),)
+
+.PHONY: compile test lint typecheck pytest test-gpu bench-recompile clean env
+
+env: $(VENV)/.ready
+
+$(VENV)/.ready: pyproject.toml scripts/setup_env.sh
+	bash scripts/setup_env.sh $(VENV)
+
+compile: $(VENV)/.ready
+	$(PY) -m pipeline compile $(MODEL) $(TARGET_FLAG) $(KILN_FLAGS)
+
+test: $(VENV)/.ready
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -m "not gpu" -q
+
+# On the GPU machine: no environment to build (no network there); use what python3 has.
+test-gpu:
+	python3 -m pytest -m gpu -q
+
+bench-recompile: $(VENV)/.ready
+	$(PY) bench/recompile.py $(MODEL)
+
+clean:
+	rm -rf build

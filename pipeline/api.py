@@ -1,0 +1,88 @@
+"""The Python surface: `compile(model, example_inputs)` on in-memory modules and
+`load(build_dir)`.
+
+They grow as the stages arrive. Today the stages up to the first one not yet built run and
+are cached exactly as for `kiln compile`; `load` needs the link stage's model.so and says so
+when a build does not have one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.build import Cache, compile_model, default_cache_root
+from pipeline.config import PROJECT_ROOT, ModelConfig
+from pipeline.envfacts import TARGETS, default_target
+from pipeline.errors import KilnError
+from pipeline.report import report_json
+from pipeline.runner import BuildOptions
+
+MODEL_SO = "model.so"
+
+
+@dataclass(frozen=True)
+class Build:
+    out: Path
+    report: dict[str, Any]
+
+    @property
+    def complete(self) -> bool:
+        return (self.out / MODEL_SO).is_file()
+
+
+def compile(
+    model: Any,
+    example_inputs: tuple[Any, ...],
+    *,
+    target: str | None = None,
+    out: Path | str | None = None,
+    cache_dir: Path | str | None = None,
+    **config: Any,
+) -> Any:
+    """Compile an in-memory torch.nn.Module; returns the loaded model once link exists,
+    else the Build (its report says which stages ran and which are not built yet)."""
+    from tasks.trace.live import LiveModel
+
+    target = target or default_target()
+    if target not in TARGETS:
+        raise KilnError(f"unknown target {target!r}", f"use one of {', '.join(TARGETS)}")
+    name = type(model).__name__.lower()
+    out_dir = Path(out) if out else Path.cwd() / "build" / name
+    cfg = _live_config(name, example_inputs, config)
+    options = BuildOptions(target, out_dir, live=LiveModel(model.eval(), tuple(example_inputs)))
+    root = Path(cache_dir) if cache_dir else default_cache_root()
+    result = compile_model(cfg, options, Cache.open(root))
+    build = Build(out_dir, report_json(result))
+    return load(out_dir) if build.complete else build
+
+
+def _live_config(name: str, inputs: tuple[Any, ...], extra: dict[str, Any]) -> ModelConfig:
+    specs = [
+        {"name": f"arg{i}", "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        for i, t in enumerate(inputs)
+    ]
+    fields = {
+        "model.factory": f"live:{name}",
+        "model.kwargs": {},
+        "model.dtype": "float32",
+        "model.device": "auto",
+        "model.requires": [],
+        "inputs": specs,
+        "weights.seed": 0,
+        "weights.checkpoint": None,
+        **extra,
+    }
+    return ModelConfig(name, Path(f"<live>/{name}"), PROJECT_ROOT, fields)
+
+
+def load(build_dir: Path | str) -> Any:
+    """Load a compiled model as a callable on torch tensors."""
+    path = Path(build_dir) / MODEL_SO
+    if not path.is_file():
+        raise KilnError(
+            f"{build_dir} has no {MODEL_SO}",
+            "the link stage produces it; it is not built in this version of kiln (issue #4)",
+        )
+    raise KilnError(f"loading {path} needs the runtime loader, which is not built yet (issue #4)")

@@ -1,0 +1,99 @@
+"""The `kiln` command line: compile, report, explain, stages, cache."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+from rich.console import Console
+
+from pipeline.config import load_config
+from pipeline.envfacts import TARGETS, default_target
+from pipeline.errors import KilnError
+from pipeline.stages import STAGES, stage_names
+
+_err = Console(stderr=True, highlight=False)
+_out = Console(highlight=False)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kiln", description="Ahead-of-time compiler for PyTorch models")
+    p.add_argument("--cache-dir", type=Path, help="cache folder (default: $KILN_CACHE_DIR or ~/.cache/kiln)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and worker logs")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compile", help="compile a model (configs/MODEL.toml)")
+    _model_args(c)
+    c.add_argument("--force", action="append", default=[], choices=stage_names(), metavar="STAGE",
+                   help="rerun STAGE even if cached (repeatable)")
+    c.add_argument("--until", choices=stage_names(), metavar="STAGE", help="stop after STAGE")
+    c.add_argument("--in-process", action="store_true", help="run stages in this process")
+    c.add_argument("--quiet", action="store_true", help="no live display")
+
+    r = sub.add_parser("report", help="print the last compile report of a model")
+    _model_args(r)
+    e = sub.add_parser("explain", help="say which stages would rerun, and why")
+    _model_args(e)
+    sub.add_parser("stages", help="list the stage table")
+
+    cache = sub.add_parser("cache", help="inspect or trim the cache")
+    csub = cache.add_subparsers(dest="cache_command", required=True)
+    csub.add_parser("info", help="entries and bytes per stage")
+    csub.add_parser("clear", help="delete everything in the cache")
+    g = csub.add_parser("gc", help="trim to a size, keeping what the latest builds use")
+    g.add_argument("--max-size", required=True, help="e.g. 500M, 2G")
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a config name in configs/ (e.g. mlp) or a .toml path")
+    p.add_argument("--target", choices=TARGETS, help="cpu or cuda (default: cuda if a GPU is visible)")
+    p.add_argument("--out", type=Path, help="build folder (default: build/MODEL)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except KilnError as err:
+        _err.print(f"[bold red]kiln: error:[/] {err.message}")
+        if err.hint:
+            _err.print(f"  [dim]hint:[/] {err.hint}")
+        if args.debug and err.detail:
+            _err.print(err.detail, markup=False)
+        if args.debug:
+            traceback.print_exc()
+        return 1
+    except KeyboardInterrupt:
+        _err.print("[yellow]kiln: interrupted; the cache is unchanged[/]")
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from pipeline import commands
+
+    if args.command == "stages":
+        for stage in STAGES:
+            status = "built" if stage.built else f"not built ({stage.planned})"
+            _out.print(f"{stage.name:16} {status:26} {stage.summary}")
+        return 0
+    if args.command == "cache":
+        return commands.cache_command(args, _out)
+    config = load_config(args.model)
+    target = args.target or _config_target(config.field("model.device"))
+    out = args.out or Path.cwd() / "build" / config.name
+    if args.command == "compile":
+        return commands.compile_command(args, config, target, out, _out, _err)
+    if args.command == "report":
+        return commands.report_command(out, _out)
+    return commands.explain_command(args, config, target, out, _out)
+
+
+def _config_target(device: str) -> str:
+    return default_target() if device == "auto" else device
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The bodies of the CLI's commands (kept apart from argument parsing)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from cache import gc as cache_gc
+from pipeline.build import Cache, compile_model, default_cache_root
+from pipeline.config import ModelConfig
+from pipeline.errors import KilnError
+from pipeline.explain import explain
+from pipeline.progress import Display, LiveDisplay, QuietDisplay
+from pipeline.report import human_bytes, print_report, read_report, report_json
+from pipeline.runner import BuildOptions
+
+_RERUN_STYLE = {"no": "green", "yes": "yellow", "maybe": "blue", "not built": "dim"}
+
+
+def _cache(args: argparse.Namespace, display: Display | None = None) -> Cache:
+    root = args.cache_dir.resolve() if args.cache_dir else default_cache_root()
+    return Cache.open(root, display)
+
+
+def compile_command(
+    args: argparse.Namespace,
+    config: ModelConfig,
+    target: str,
+    out: Path,
+    console: Console,
+    err: Console,
+) -> int:
+    options = BuildOptions(target, out, frozenset(args.force), args.until, args.in_process)
+    live = not args.quiet and err.is_terminal
+    display: Display = LiveDisplay(err) if live else QuietDisplay(err)
+    cache = _cache(args, display)
+    if isinstance(display, LiveDisplay):
+        with display:
+            result = compile_model(config, options, cache, display)
+    else:
+        result = compile_model(config, options, cache, display)
+    print_report(report_json(result), console)
+    return 0
+
+
+def report_command(out: Path, console: Console) -> int:
+    try:
+        report = read_report(out)
+    except FileNotFoundError:
+        raise KilnError(f"no report in {out}", "compile the model first: kiln compile MODEL") from None
+    print_report(report, console)
+    return 0
+
+
+def explain_command(
+    args: argparse.Namespace, config: ModelConfig, target: str, out: Path, console: Console
+) -> int:
+    cache = _cache(args)
+    options = BuildOptions(target, out)
+    for verdict in explain(config, options, cache.store, cache.records):
+        style = _RERUN_STYLE.get(verdict.rerun, "white")
+        console.print(f"[bold]{verdict.stage:16}[/] [{style}]rerun: {verdict.rerun}[/]")
+        for reason in verdict.reasons:
+            console.print(f"    {reason}")
+    return 0
+
+
+def cache_command(args: argparse.Namespace, console: Console) -> int:
+    cache = _cache(args)
+    if args.cache_command == "info":
+        found = cache_gc.info(cache.store, cache.records)
+        console.print(f"cache: {cache.root}")
+        for stage, (count, size) in sorted(found.entries.items()):
+            console.print(f"  {stage:24} {count:5} entries  {human_bytes(size):>10}")
+        console.print(f"  {'records':24} {'':5}          {human_bytes(found.records_bytes):>10}")
+        console.print(f"  total {human_bytes(found.total)}")
+    elif args.cache_command == "clear":
+        cache_gc.clear(cache.root, cache.records)
+        console.print(f"cleared {cache.root}")
+    else:
+        try:
+            limit = cache_gc.parse_size(args.max_size)
+        except ValueError as e:
+            raise KilnError(str(e)) from None
+        res = cache_gc.gc(cache.store, cache.records, limit)
+        console.print(
+            f"removed {res.removed} entries ({human_bytes(res.freed)}); cache now "
+            f"{human_bytes(res.kept_bytes)}, of which {human_bytes(res.protected_bytes)} "
+            "is used by the latest builds"
+        )
+    return 0

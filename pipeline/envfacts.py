@@ -1,0 +1,63 @@
+"""Facts about the machine that keys may depend on, read without importing torch.
+
+Note: a no-op recompile must not pay for `import torch` (~1.5 s); package versions come from
+installed distribution metadata instead, which costs about a millisecond each.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+TARGETS = ("cpu", "cuda")
+
+
+def package_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+@functools.cache
+def cxx_version() -> str:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        return "absent"
+    try:
+        out = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except OSError:
+        return "absent"
+    return out.splitlines()[0] if out else "unknown"
+
+
+def gpu_visible() -> bool:
+    """Whether an NVIDIA GPU is visible, judged from the driver's files (no CUDA import)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return (gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists()
+
+
+def default_target() -> str:
+    return "cuda" if gpu_visible() else "cpu"
+
+
+def env_fact(name: str, target: str) -> str:
+    """The value of one named environment fact, for keys and for `explain`."""
+    if name == "python":
+        return platform.python_version()
+    if name == "target":
+        return target
+    if name == "cxx":
+        return cxx_version()
+    if name in ("torch", "triton", "safetensors"):
+        return package_version(name)
+    raise KeyError(f"unknown environment fact {name!r}")

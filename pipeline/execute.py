@@ -1,0 +1,128 @@
+"""Running one stage: in a worker process (the default) or in this process.
+
+Note: a stage that runs goes to a fresh worker process. The runner itself never imports torch,
+so a compile whose stages are all cached starts and finishes in well under a second; each
+worker's peak RSS is that stage's own; and a stage that crashes (or is killed) takes only its
+worker down, leaving the runner to report it and the cache untouched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from cache.store import Store
+from pipeline.config import PROJECT_ROOT, ModelConfig
+from pipeline.envfacts import env_fact
+from pipeline.errors import KilnError
+from pipeline.job import StageJob
+from pipeline.stages import Stage
+
+if TYPE_CHECKING:  # avoids an import cycle
+    from pipeline.runner import BuildOptions
+
+StageFn = Callable[[StageJob], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    notes: dict[str, Any]
+    peak_rss: int | None
+
+
+def make_job(
+    stage: Stage,
+    config: ModelConfig,
+    options: BuildOptions,
+    inputs: dict[str, str],
+    folder: Path,
+    store: Store,
+) -> StageJob:
+    return StageJob(
+        stage=stage.name,
+        model=config.name,
+        inputs=inputs,
+        config={name: config.job_value(name) for name in stage.config},
+        env={fact: env_fact(fact, options.target) for fact in stage.env},
+        out=str(folder),
+        project_root=str(config.project_root),
+        cache_root=str(store.root.parent),
+        live=options.live,
+    )
+
+
+def execute_stage(
+    stage: Stage,
+    config: ModelConfig,
+    options: BuildOptions,
+    inputs: dict[str, str],
+    folder: Path,
+    store: Store,
+) -> Outcome:
+    job = make_job(stage, config, options, inputs, folder, store)
+    if options.in_process or options.live is not None:
+        notes = dict(load_entry(stage)(job))
+        return Outcome(notes, peak_rss_self())
+    return _in_worker(stage, job, folder)
+
+
+def load_entry(stage: Stage) -> StageFn:
+    assert stage.entry is not None
+    module_name, fn_name = stage.entry.split(":")
+    return cast(StageFn, getattr(importlib.import_module(module_name), fn_name))
+
+
+def peak_rss_self() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _in_worker(stage: Stage, job: StageJob, folder: Path) -> Outcome:
+    control = folder.parent / f"{folder.name}.job"
+    control.mkdir()
+    try:
+        (control / "job.json").write_text(job.to_json())
+        _spawn(control)
+        return _read_result(stage, control)
+    finally:
+        for f in control.iterdir():
+            f.unlink()
+        control.rmdir()
+
+
+def _spawn(control: Path) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "pipeline.worker", str(control)]
+    with (control / "log.txt").open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            proc.wait()
+        except BaseException:
+            # Ctrl-C or a kill of the runner: take the worker down with us.
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            raise
+
+
+def _read_result(stage: Stage, control: Path) -> Outcome:
+    try:
+        result = json.loads((control / "result.json").read_text())
+    except (OSError, ValueError):
+        log = (control / "log.txt").read_text(errors="replace")[-4000:]
+        raise KilnError(
+            f"stage {stage.name} crashed (its worker process died without a result)",
+            "rerun with --debug to see its output",
+        ).with_detail(log) from None
+    if not result["ok"]:
+        err = result["error"]
+        raise KilnError(err["message"], err.get("hint", "")).with_detail(err.get("detail", ""))
+    return Outcome(result["notes"], result["peak_rss"])

@@ -1,0 +1,47 @@
+"""What a stage receives: its inputs, its declared config fields, its environment facts and a
+folder to write into. Everything here is plain data, so a job can cross into a worker process
+as JSON; a stage sees nothing else (no globals, no environment reads, no clock)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cache.items import ItemCache
+from cache.store import Store
+
+
+@dataclass(frozen=True)
+class StageJob:
+    stage: str
+    model: str
+    inputs: dict[str, str]  # "stage/artifact" -> file path
+    config: dict[str, Any]  # dotted field -> value, only the fields the stage declared
+    env: dict[str, str]
+    out: str  # folder the stage writes its artifacts into
+    project_root: str  # the model's project (for importing its factory)
+    cache_root: str
+    # An in-memory model handed to pipeline.compile(); never serialized. Only trace reads it.
+    live: Any = field(default=None, compare=False)
+
+    def input(self, ref: str) -> Path:
+        return Path(self.inputs[ref])
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+    def items(self) -> ItemCache:
+        """Per-item cache for fan-out work inside the stage (one entry per kernel, say)."""
+        return ItemCache(Store(Path(self.cache_root) / "store"), self.stage)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data.pop("live")
+        return json.dumps(data, sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> StageJob:
+        return cls(**json.loads(text))

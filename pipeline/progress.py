@@ -1,0 +1,75 @@
+"""The live display while stages run: a spinner and a clock per running stage."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Protocol
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+
+
+class Display(Protocol):
+    def started(self, stage: str) -> None: ...
+
+    def finished(self, stage: str, status: str, seconds: float) -> None: ...
+
+    def waiting(self, stage: str) -> None: ...
+
+    def warn(self, message: str) -> None: ...
+
+
+class QuietDisplay:
+    """No live output; warnings still go to stderr."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+
+    def started(self, stage: str) -> None:
+        pass
+
+    def finished(self, stage: str, status: str, seconds: float) -> None:
+        pass
+
+    def waiting(self, stage: str) -> None:
+        self.console.print(f"[yellow]{stage}: another compile holds this key; waiting[/]")
+
+    def warn(self, message: str) -> None:
+        self.console.print(f"[yellow]warning:[/] {message}")
+
+
+class LiveDisplay(QuietDisplay):
+    """A transient rich progress display: one line per running stage."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        super().__init__(console)
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+        )
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> LiveDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.progress.stop()
+
+    def started(self, stage: str) -> None:
+        self.tasks[stage] = self.progress.add_task(f"{stage}: running", total=None)
+
+    def finished(self, stage: str, status: str, seconds: float) -> None:
+        task = self.tasks.pop(stage, None)
+        if task is not None:
+            self.progress.remove_task(task)
+        if status == "ran":
+            self.progress.console.print(f"  [green]✓[/] {stage} ran in {seconds:.2f} s")

@@ -1,0 +1,187 @@
+"""The runner: a topological loop over the stage table with content keys, early cutoff, a
+per-key file lock and atomic writes.
+
+Note: not pydra. Measured here (DESIGN §7), pydra spends 5-26 ms of engine time per task and
+its hashes drift across runs; this chain is static, so the loop below is all the engine kiln
+needs. Fan-out inside a stage uses cache.items.ItemCache, one key per item.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cache.locks import key_lock
+from cache.records import Records
+from cache.store import Entry, Store
+from pipeline.config import ModelConfig
+from pipeline.errors import KilnError
+from pipeline.execute import execute_stage
+from pipeline.keys import KeyContext, Parts, dynamic_keys, key_of, static_parts
+from pipeline.progress import Display
+from pipeline.stages import STAGES, Stage
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    target: str
+    out: Path
+    force: frozenset[str] = frozenset()
+    until: str | None = None
+    in_process: bool = False
+    live: Any = None  # an in-memory model (pipeline.compile); forces in-process trace
+
+
+@dataclass
+class StageRow:
+    """One row of the compile report."""
+
+    stage: str
+    status: str  # ran | hit | cutoff | not built | skipped
+    seconds: float = 0.0
+    bytes: int = 0
+    peak_rss: int | None = None
+    key: str = ""
+    start: float = 0.0
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class BuildResult:
+    model: str
+    target: str
+    out: Path
+    rows: list[StageRow]
+    entries: dict[str, Entry] = field(default_factory=dict)
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+def build_id(config: ModelConfig, target: str) -> str:
+    return f"{config.path}::{target}"
+
+
+class Runner:
+    def __init__(
+        self,
+        config: ModelConfig,
+        options: BuildOptions,
+        store: Store,
+        records: Records,
+        display: Display,
+        stages: tuple[Stage, ...] = STAGES,
+    ) -> None:
+        self.config = config
+        self.options = options
+        self.store = store
+        self.records = records
+        self.display = display
+        self.stages = stages
+        self.id = build_id(config, options.target)
+        self.ctx = KeyContext(config, records, self.id, options.live)
+        self.entries: dict[str, Entry] = {}
+        self.ran: set[str] = set()
+        self._t0 = 0.0
+
+    def run(self) -> BuildResult:
+        self._check_stage_names()
+        self._t0 = time.perf_counter()
+        rows: list[StageRow] = []
+        blocked = ""
+        for stage in self.stages:
+            if blocked:
+                rows.append(StageRow(stage.name, "skipped", note=blocked))
+                continue
+            if not stage.built:
+                rows.append(StageRow(stage.name, "not built", note=f"planned: {stage.planned}"))
+                blocked = f"needs {stage.name}"
+                continue
+            rows.append(self._stage(stage))
+            if stage.name == self.options.until:
+                blocked = f"--until {stage.name}"
+        seconds = time.perf_counter() - self._t0
+        result = BuildResult(self.config.name, self.options.target, self.options.out, rows)
+        result.entries, result.seconds = dict(self.entries), seconds
+        return result
+
+    def _check_stage_names(self) -> None:
+        names = {s.name for s in self.stages}
+        for name in [*self.options.force, *([self.options.until] if self.options.until else [])]:
+            if name not in names:
+                raise KilnError(f"unknown stage {name!r}", f"stages: {', '.join(names)}")
+
+    def parts(self, stage: Stage) -> Parts:
+        digests = {
+            ref: self.entries[ref.split("/", 1)[0]].artifacts[ref.split("/", 1)[1]].digest
+            for ref in stage.reads
+        }
+        parts = static_parts(stage, self.config, self.options.target, digests)
+        dyn = dynamic_keys(stage)
+        if dyn is not None:
+            parts.update(dyn.key_parts(self.ctx))
+        return parts
+
+    def _stage(self, stage: Stage) -> StageRow:
+        start = time.perf_counter()
+        parts = self.parts(stage)
+        key = key_of(parts)
+        forced = stage.name in self.options.force
+        entry = None if forced else self.store.lookup(stage.name, key)
+        status = "hit"
+        if entry is None:
+            entry, status, rss = self._compute(stage, parts, key, forced)
+        else:
+            rss = None
+        if status == "hit" and any(up in self.ran for up in stage.upstream):
+            status = "cutoff"
+        if status == "ran":
+            self.ran.add(stage.name)
+        self.entries[stage.name] = entry
+        self.records.set("parts", f"{self.id}/{stage.name}", dict(entry.meta.get("parts", parts)))
+        row = StageRow(stage.name, status, time.perf_counter() - start, entry.size, rss, entry.key)
+        row.start = start - self._t0
+        self.display.finished(row.stage, row.status, row.seconds)
+        return row
+
+    def _compute(
+        self, stage: Stage, parts: Parts, key: str, forced: bool
+    ) -> tuple[Entry, str, int | None]:
+        lock = self.store.root / "locks" / f"{stage.name}-{key}.lock"
+        with key_lock(lock, on_wait=lambda: self.display.waiting(stage.name)):
+            if not forced:
+                # Note: another process may have computed this key while we waited for the lock.
+                entry = self.store.lookup(stage.name, key)
+                if entry is not None:
+                    return entry, "hit", None
+            self.display.started(stage.name)
+            return self._execute(stage, parts, key)
+
+    def _execute(self, stage: Stage, parts: Parts, key: str) -> tuple[Entry, str, int | None]:
+        inputs = {
+            ref: str(self.entries[ref.split("/", 1)[0]].file(ref.split("/", 1)[1]))
+            for ref in stage.reads
+        }
+        with self.store.staging(stage.name, key) as folder:
+            t0 = time.perf_counter()
+            outcome = execute_stage(stage, self.config, self.options, inputs, folder, self.store)
+            seconds = time.perf_counter() - t0
+            dyn = dynamic_keys(stage)
+            if dyn is not None:
+                # Note: the stage just told us what it read (its depfile); the entry is filed
+                # under the key computed from that, which is what the next build computes.
+                dyn.remember(self.ctx, outcome.notes)
+                parts = self.parts(stage)
+                key = key_of(parts)
+            meta = {
+                "parts": parts,
+                "notes": outcome.notes,
+                "seconds": round(seconds, 3),
+                "peak_rss": outcome.peak_rss,
+            }
+            entry = self.store.commit(folder, stage.name, key, meta)
+        return entry, "ran", outcome.peak_rss

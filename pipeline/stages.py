@@ -1,0 +1,116 @@
+"""The stage table: kiln's compile, declared once, in order.
+
+Each stage is a pure function of what it declares here: the artifacts it reads from earlier
+stages, the config fields it reads (an allow-list), the environment facts it depends on and
+its own source files. The runner builds each stage's key from exactly these, so nothing else
+can silently join a key (Inductor's deny-list of ~290 flags is the counter-example).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    summary: str
+    reads: tuple[str, ...] = ()  # "stage/artifact" of earlier stages; their digests join the key
+    config: tuple[str, ...] = ()  # dotted config fields the stage reads
+    env: tuple[str, ...] = ()  # environment facts (see pipeline.envfacts)
+    sources: tuple[str, ...] = ()  # the stage's own code, relative to the project root
+    entry: str | None = None  # "module:function" running the stage; None: not built yet
+    keys: str | None = None  # "module" with key_parts()/remember() for dynamic key parts
+    publish: tuple[str, ...] = ()  # artifacts copied into the build folder
+    planned: str = ""  # for a stage not built yet: where it is planned
+    upstream: tuple[str, ...] = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        ups = tuple(dict.fromkeys(ref.split("/", 1)[0] for ref in self.reads))
+        object.__setattr__(self, "upstream", ups)
+
+    @property
+    def built(self) -> bool:
+        return self.entry is not None
+
+
+TRACE_CONFIG = (
+    "model.factory",
+    "model.kwargs",
+    "model.dtype",
+    "inputs",
+    "weights.seed",
+    "weights.checkpoint",
+)
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        "trace",
+        "torch.export the model; write the program (no weights) and the weights file",
+        config=TRACE_CONFIG,
+        env=("python", "torch", "safetensors"),
+        sources=("tasks/trace", "pipeline/config.py"),
+        entry="tasks.trace.stage:run",
+        keys="tasks.trace.keys",
+        publish=("weights.safetensors",),
+    ),
+    Stage(
+        "lower",
+        "aten ops to kiln's loop-level IR",
+        reads=("trace/program.json",),
+        planned="issue #3",
+    ),
+    Stage(
+        "schedule",
+        "fusion into kernel groups, launch order, buffer plan",
+        reads=("lower/ir.json",),
+        planned="issue #3",
+    ),
+    Stage(
+        "gen-tuning-code",
+        "one source file per kernel and a standalone tune.py",
+        reads=("schedule/schedule.json",),
+        env=("target",),
+        planned="issues #4, #5",
+    ),
+    Stage(
+        "autotune",
+        "tune every kernel on random inputs; compile the winners",
+        reads=("gen-tuning-code/kernels.json",),
+        env=("target",),
+        planned="issues #4, #5",
+    ),
+    Stage(
+        "gen-cpp",
+        "the C++ wrapper that runs the schedule",
+        reads=("schedule/schedule.json", "autotune/tuning.json"),
+        env=("target",),
+        planned="issue #4",
+    ),
+    Stage(
+        "link",
+        "model.so against kiln_model.h and torch's stable C shim",
+        reads=("gen-cpp/wrapper.cpp", "autotune/tuning.json"),
+        env=("target", "cxx"),
+        planned="issue #4",
+    ),
+)
+
+
+def check_table(stages: tuple[Stage, ...]) -> None:
+    """Every stage reads only from stages before it, and names are unique."""
+    seen: set[str] = set()
+    for stage in stages:
+        if stage.name in seen:
+            raise ValueError(f"stage {stage.name!r} declared twice")
+        missing = [up for up in stage.upstream if up not in seen]
+        if missing:
+            raise ValueError(f"stage {stage.name!r} reads from later or unknown {missing}")
+        seen.add(stage.name)
+
+
+def stage_names(stages: tuple[Stage, ...] = STAGES) -> list[str]:
+    return [s.name for s in stages]
+
+
+check_table(STAGES)

@@ -1,0 +1,41 @@
+"""The worker process that runs one stage: `python -m pipeline.worker CONTROL_DIR`.
+
+It reads CONTROL_DIR/job.json, runs the stage and writes CONTROL_DIR/result.json: the stage's
+notes and peak RSS, or the error (a KilnError's message and hint, or an internal error with
+its traceback for --debug)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from pipeline.errors import KilnError
+from pipeline.execute import load_entry, peak_rss_self
+from pipeline.job import StageJob
+from pipeline.stages import STAGES
+
+
+def main(control: Path) -> int:
+    job = StageJob.from_json((control / "job.json").read_text())
+    stage = next(s for s in STAGES if s.name == job.stage)
+    if job.project_root not in sys.path:
+        sys.path.insert(0, job.project_root)
+    try:
+        notes = dict(load_entry(stage)(job))
+        result = {"ok": True, "notes": notes, "peak_rss": peak_rss_self()}
+    except KilnError as err:
+        result = {"ok": False, "error": {**err.to_json(), "detail": err.detail}}
+    except Exception as err:
+        detail = traceback.format_exc()
+        message = f"internal error in stage {job.stage}: {type(err).__name__}: {err}"
+        result = {"ok": False, "error": {"message": message, "detail": detail}}
+    tmp = control / "result.json.tmp"
+    tmp.write_text(json.dumps(result, sort_keys=True))
+    tmp.replace(control / "result.json")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,101 @@
+"""torch.export with the decompositions later stages want, and a deterministic program file.
+
+Note: torch.export.save is not deterministic here: its zip holds a random serialization id,
+node metadata carries `from_node` records with Python object ids, and stack traces carry line
+numbers, so a comment edit would change every downstream key. We write the serialized graph
+as canonical JSON instead, with node metadata cut to a fixed allow-list; stack traces move to
+source_map.json, which no later stage's key includes. Weights go to their own file: the
+program holds none, so a new checkpoint leaves it byte-identical and everything below cut off.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._export.serde.serialize import serialize
+
+from cache.hashing import canonical_json
+from pipeline.errors import KilnError
+from tasks.trace.factory import is_model_file, user_frame
+
+# Ops that stay whole: later stages lower them to extern kernels, not to their decomposition.
+KEEP_OPS = ("scaled_dot_product_attention.default",)
+_META_KEEP = ("nn_module_stack", "source_fn_stack", "torch_fn")
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)')
+_REASON_LINES = 8
+
+
+def export_program(
+    module: torch.nn.Module, args: tuple[Any, ...], model: str, root: Path
+) -> torch.export.ExportedProgram:
+    try:
+        program = torch.export.export(module, args, strict=False)
+        decomposed: torch.export.ExportedProgram = program.run_decompositions(decomposition_table())
+        return decomposed
+    except KilnError:
+        raise
+    except Exception as err:
+        reason = "\n    ".join(str(err).strip().splitlines()[:_REASON_LINES])
+        raise KilnError(
+            f"model {model!r}: torch.export failed: {type(err).__name__}: {reason}"
+            f"{user_frame(err, root)}",
+            "make the model exportable (see torch.export's docs on the construct named above)",
+        ) from err
+
+
+def decomposition_table() -> dict[Any, Any]:
+    table = dict(torch.export.default_decompositions())
+    for name in KEEP_OPS:
+        packet, overload = name.split(".")
+        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
+    return table
+
+
+def source_map(program: torch.export.ExportedProgram, root: Path) -> dict[str, str]:
+    """node name -> 'file:line: code' of the innermost model frame that produced it."""
+    found: dict[str, str] = {}
+    for node in program.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if not trace:
+            continue
+        frames = [m for m in _FRAME.finditer(trace) if is_model_file(m["file"], root)]
+        if frames:
+            last = frames[-1]
+            path = Path(last["file"])
+            shown = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+            found[node.name] = f"{shown}:{last['line']}: {last['code'].strip()}"
+    return found
+
+
+def program_json(program: torch.export.ExportedProgram) -> bytes:
+    artifact = serialize(program)
+    data = json.loads(artifact.exported_program)
+    _strip_metadata(data["graph_module"])
+    return canonical_json(data)
+
+
+def _strip_metadata(graph_module: dict[str, Any]) -> None:
+    for node in graph_module["graph"]["nodes"]:
+        meta = node.get("metadata", {})
+        node["metadata"] = {k: v for k, v in meta.items() if k in _META_KEEP}
+        for arg in node.get("inputs", []):
+            sub = arg.get("arg", {}).get("as_graph")
+            if sub:
+                _strip_metadata(sub)
+    for sub in graph_module.get("subgraphs", []) or []:
+        _strip_metadata(sub)
+
+
+def weight_tensors(program: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:
+    """Parameters, buffers and lifted tensor constants, by their fully qualified names."""
+    tensors = {name: t for name, t in program.state_dict.items() if isinstance(t, torch.Tensor)}
+    for name, value in program.constants.items():
+        if not isinstance(value, torch.Tensor):
+            raise KilnError(f"constant {name!r} is a {type(value).__name__}; kiln supports "
+                            "only tensor constants")
+        tensors[name] = value
+    return tensors

@@ -1,0 +1,75 @@
+"""The trace stage's dynamic key parts, computed without importing torch or the model.
+
+Like a compiler's depfile: the trace records which of the model's source files it imported
+and which packages (with versions) it used. The next compile re-hashes those files and reads
+those versions before importing anything; if nothing changed, trace is a cache hit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cache.hashing import digest_file, digest_json
+from cache.records import Records
+from pipeline.envfacts import package_version
+from pipeline.keys import KeyContext, Parts
+
+DEPFILE = "depfile"
+
+
+def depfile_id(ctx: KeyContext) -> str:
+    return str(ctx.config.path)
+
+
+def key_parts(ctx: KeyContext) -> Parts:
+    if ctx.live is not None:
+        from tasks.trace.live import live_key_parts
+
+        return live_key_parts(ctx.live)
+    parts: Parts = {}
+    deps = ctx.records.get(DEPFILE, depfile_id(ctx))
+    if deps is None:
+        parts["deps"] = "unknown (never traced)"
+    else:
+        for rel in deps["files"]:
+            parts[f"src:{rel}"] = _source_digest(ctx.config.project_root, rel)
+        for dist in deps["packages"]:
+            parts[f"pkg:{dist}"] = package_version(dist)
+    checkpoint = ctx.config.checkpoint
+    if checkpoint is not None:
+        parts["weights"] = file_digest(checkpoint, ctx.records)[:16]
+    return parts
+
+
+def remember(ctx: KeyContext, notes: Mapping[str, Any]) -> None:
+    if ctx.live is None and "depfile" in notes:
+        ctx.records.set(DEPFILE, depfile_id(ctx), notes["depfile"])
+
+
+def _source_digest(root: Path, rel: str) -> str:
+    path = root / rel
+    try:
+        return digest_file(path)[:16]
+    except OSError:
+        return "missing"
+
+
+def file_digest(path: Path, records: Records) -> str:
+    """A file's sha256, re-hashed only when its stat stamp changed (checkpoints are large)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return "missing"
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    known = records.get("filedigest", str(path))
+    if known is not None and known.get("stamp") == stamp:
+        return str(known["digest"])
+    digest = digest_file(path)
+    records.set("filedigest", str(path), {"stamp": stamp, "digest": digest})
+    return digest
+
+
+def spec_digest(value: Any) -> str:
+    return digest_json(value)[:16]

@@ -1,0 +1,42 @@
+"""The trace stage's entry: config -> program.json, weights.safetensors, source_map.json."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cache.hashing import pretty_json
+from pipeline.job import StageJob
+from tasks.trace import deps
+from tasks.trace.export import export_program, program_json, source_map, weight_tensors
+from tasks.trace.factory import build_model, example_inputs
+from tasks.trace.weights import load_checkpoint, write_weights
+
+PROGRAM = "program.json"
+WEIGHTS = "weights.safetensors"
+SOURCE_MAP = "source_map.json"
+
+
+def run(job: StageJob) -> Mapping[str, Any]:
+    root = Path(job.project_root)
+    imported_before = set(sys.modules)
+    if job.live is not None:
+        module, args = job.live.module, job.live.args
+    else:
+        module = build_model(job.config, job.model, root)
+        checkpoint = job.config["weights.checkpoint"]
+        if checkpoint is not None:
+            load_checkpoint(module, Path(checkpoint), job.model)
+        args = example_inputs(job.config["inputs"], job.config["weights.seed"])
+    program = export_program(module, args, job.model, root)
+    out = job.out_dir
+    (out / PROGRAM).write_bytes(program_json(program))
+    write_weights(weight_tensors(program), out / WEIGHTS)
+    (out / SOURCE_MAP).write_text(pretty_json(source_map(program, root)))
+    notes: dict[str, Any] = {"nodes": len(program.graph.nodes)}
+    if job.live is None:
+        notes["depfile"] = deps.collect(root, imported_before)
+    return notes
+

@@ -27,5 +27,6 @@ class MissingPackage(KilnError):
     def __init__(self, package: str, model: str) -> None:
         super().__init__(
             f"model {model!r} needs the Python package {package!r}, which is not installed",
-            f"install it into kiln's environment: .venv/bin/pip install {package}",
+            f"install it into kiln's environment: .venv/bin/pip install {package}"
+            + (" (the release built for your torch)" if package.startswith("torch") else ""),
         )

@@ -56,6 +56,7 @@ def make_job(
         out=str(folder),
         project_root=str(config.project_root),
         cache_root=str(store.root.parent),
+        entry=stage.entry or "",
         live=options.live,
     )
 
@@ -70,14 +71,13 @@ def execute_stage(
 ) -> Outcome:
     job = make_job(stage, config, options, inputs, folder, store)
     if options.in_process or options.live is not None:
-        notes = dict(load_entry(stage)(job))
+        notes = dict(load_entry(job.entry)(job))
         return Outcome(notes, peak_rss_self())
     return _in_worker(stage, job, folder)
 
 
-def load_entry(stage: Stage) -> StageFn:
-    assert stage.entry is not None
-    module_name, fn_name = stage.entry.split(":")
+def load_entry(entry: str) -> StageFn:
+    module_name, fn_name = entry.split(":")
     return cast(StageFn, getattr(importlib.import_module(module_name), fn_name))
 
 

@@ -23,6 +23,7 @@ class StageJob:
     out: str  # folder the stage writes its artifacts into
     project_root: str  # the model's project (for importing its factory)
     cache_root: str
+    entry: str  # "module:function" that runs the stage
     # An in-memory model handed to pipeline.compile(); never serialized. Only trace reads it.
     live: Any = field(default=None, compare=False)
 

@@ -85,7 +85,7 @@ class Runner:
         self.id = build_id(config, options.target)
         self.ctx = KeyContext(config, records, self.id, options.live)
         self.entries: dict[str, Entry] = {}
-        self.ran: set[str] = set()
+        self.touched: set[str] = set()  # stages that ran, or were cut off below one that ran
         self._t0 = 0.0
 
     def run(self) -> BuildResult:
@@ -137,10 +137,12 @@ class Runner:
             entry, status, rss = self._compute(stage, parts, key, forced)
         else:
             rss = None
-        if status == "hit" and any(up in self.ran for up in stage.upstream):
+        # Note: "cutoff" marks a stage spared by early cutoff: something above it reran (it
+        # may be several stages up) but wrote the same bytes, so this key did not change.
+        if status == "hit" and any(up in self.touched for up in stage.upstream):
             status = "cutoff"
-        if status == "ran":
-            self.ran.add(stage.name)
+        if status in ("ran", "cutoff"):
+            self.touched.add(stage.name)
         self.entries[stage.name] = entry
         self.records.set("parts", f"{self.id}/{stage.name}", dict(entry.meta.get("parts", parts)))
         row = StageRow(stage.name, status, time.perf_counter() - start, entry.size, rss, entry.key)

@@ -14,16 +14,14 @@ from pathlib import Path
 from pipeline.errors import KilnError
 from pipeline.execute import load_entry, peak_rss_self
 from pipeline.job import StageJob
-from pipeline.stages import STAGES
 
 
 def main(control: Path) -> int:
     job = StageJob.from_json((control / "job.json").read_text())
-    stage = next(s for s in STAGES if s.name == job.stage)
     if job.project_root not in sys.path:
         sys.path.insert(0, job.project_root)
     try:
-        notes = dict(load_entry(stage)(job))
+        notes = dict(load_entry(job.entry)(job))
         result = {"ok": True, "notes": notes, "peak_rss": peak_rss_self()}
     except KilnError as err:
         result = {"ok": False, "error": {**err.to_json(), "detail": err.detail}}

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.build import Cache
+from pipeline.config import PROJECT_ROOT
+
+MLP_CONFIG = """
+[model]
+factory = "toymodel:build"
+kwargs = {{ width = {width} }}
+
+[[inputs]]
+name = "x"
+shape = [4, 8]
+dtype = "float32"
+
+[weights]
+seed = 0
+{extra}
+"""
+
+TOY_MODEL = '''
+import torch
+
+
+# A comment that tests edit.
+class Toy(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, width)
+        self.b = torch.nn.Linear(width, 3)
+
+    def forward(self, x):
+        return torch.softmax(self.b(torch.relu(self.a(x))), dim=-1)
+
+
+def build(width: int = 16) -> Toy:
+    return Toy(width)
+'''
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Iterator[Cache]:
+    c = Cache.open(tmp_path / "cache")
+    yield c
+    c.records.close()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A model project of its own: configs/toy.toml and toymodel.py."""
+    root = tmp_path / "proj"
+    (root / "configs").mkdir(parents=True)
+    (root / "toymodel.py").write_text(TOY_MODEL)
+    write_config(root, "toy")
+    return root
+
+
+def write_config(root: Path, name: str, width: int = 16, extra: str = "") -> Path:
+    path = root / "configs" / f"{name}.toml"
+    path.write_text(MLP_CONFIG.format(width=width, extra=extra))
+    return path
+
+
+def kiln(args: list[str], cache_dir: Path, cwd: Path | None = None,
+         check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), COLUMNS="200")
+    env["PYTHONPATH"] = str(PROJECT_ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True,
+        env=env, cwd=cwd or PROJECT_ROOT, timeout=600, check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kiln {args} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc

@@ -1,0 +1,148 @@
+"""The runner on stand-in stages: keys, early cutoff, per-item keys, --force, --until, explain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.build import Cache, compile_model
+from pipeline.config import ModelConfig, load_config
+from pipeline.errors import KilnError
+from pipeline.explain import explain
+from pipeline.runner import BuildOptions, BuildResult
+from tests.conftest import write_config
+from tests.fake_stages import FAKE_STAGES
+
+
+def _fake_config(project: Path, scale: int) -> ModelConfig:
+    path = write_config(project, "fake")
+    text = path.read_text().replace("{ width = 16 }", f"{{ scale = {scale} }}")
+    path.write_text(text)
+    return load_config(str(path))
+
+
+def _build(project: Path, cache: Cache, scale: int = 2, **opts: object) -> BuildResult:
+    config = _fake_config(project, scale)
+    options = BuildOptions("cpu", project / "build", in_process=True, **opts)  # type: ignore[arg-type]
+    return compile_model(config, options, cache, stages=FAKE_STAGES)
+
+
+def _statuses(result: BuildResult) -> dict[str, str]:
+    return {row.stage: row.status for row in result.rows}
+
+
+def test_first_build_runs_everything_then_hits(project: Path, cache: Cache) -> None:
+    first = _build(project, cache)
+    assert _statuses(first) == {"first": "ran", "second": "ran", "third": "ran",
+                                "fourth": "not built"}
+    again = _build(project, cache)
+    assert _statuses(again) == {"first": "hit", "second": "hit", "third": "hit",
+                                "fourth": "not built"}
+    assert [r.key for r in first.rows] == [r.key for r in again.rows]
+
+
+def test_early_cutoff_when_output_is_unchanged(project: Path, cache: Cache) -> None:
+    _build(project, cache, scale=2)
+    result = _build(project, cache, scale=3)  # first reruns, writes the same bytes
+    assert _statuses(result)["first"] == "ran"
+    assert _statuses(result)["second"] == "cutoff"
+    assert _statuses(result)["third"] == "cutoff"
+
+
+def test_changed_output_reruns_dependents(project: Path, cache: Cache) -> None:
+    _build(project, cache, scale=2)
+    result = _build(project, cache, scale=-1)
+    assert [_statuses(result)[s] for s in ("first", "second", "third")] == ["ran"] * 3
+
+
+def test_force_reruns_one_stage_and_cuts_off_below(project: Path, cache: Cache) -> None:
+    _build(project, cache)
+    result = _build(project, cache, force=frozenset({"second"}))
+    assert _statuses(result) == {"first": "hit", "second": "ran", "third": "cutoff",
+                                 "fourth": "not built"}
+
+
+def test_until_stops_after_the_stage(project: Path, cache: Cache) -> None:
+    result = _build(project, cache, until="second")
+    assert _statuses(result)["third"] == "skipped"
+    assert "third" not in result.entries
+
+
+def test_unknown_stage_in_force_is_a_clear_error(project: Path, cache: Cache) -> None:
+    with pytest.raises(KilnError, match="unknown stage 'nope'"):
+        _build(project, cache, force=frozenset({"nope"}))
+
+
+def test_per_item_keys_recompute_only_changed_items(project: Path, cache: Cache) -> None:
+    from cache.items import ItemCache
+
+    items = ItemCache(cache.store, "demo")
+    calls: list[str] = []
+
+    def compute(name: str):  # type: ignore[no-untyped-def]
+        def run(folder: Path) -> dict[str, str]:
+            calls.append(name)
+            (folder / "out.txt").write_text(name)
+            return {}
+        return run
+
+    for name in ("k1", "k2", "k3"):
+        items.get_or_compute({"kernel": name, "shape": "8x8"}, compute(name))
+    assert calls == ["k1", "k2", "k3"]
+    for name in ("k1", "k2"):
+        _, hit = items.get_or_compute({"kernel": name, "shape": "8x8"}, compute(name))
+        assert hit
+    entry, hit = items.get_or_compute({"kernel": "k3", "shape": "16x8"}, compute("k3"))
+    assert not hit
+    assert calls == ["k1", "k2", "k3", "k3"]
+    assert entry.file("out.txt").read_text() == "k3"
+
+
+def test_published_artifacts_and_reports(project: Path, cache: Cache) -> None:
+    import json
+
+    result = _build(project, cache)
+    out = result.out
+    assert (out / "first.txt").read_text() == "positive\n"
+    report = json.loads((out / "report.json").read_text())
+    assert [row["stage"] for row in report["stages"]] == ["first", "second", "third", "fourth"]
+    trace = json.loads((out / "trace.json").read_text())
+    names = [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert names == ["first", "second", "third"]
+
+
+def test_explain_names_the_changed_part(project: Path, cache: Cache) -> None:
+    _build(project, cache, scale=2)
+    config = _fake_config(project, 3)
+    options = BuildOptions("cpu", project / "build", in_process=True)
+    verdicts = explain(config, options, cache.store, cache.records, FAKE_STAGES)
+    first, second, third, fourth = verdicts
+    assert first.rerun == "yes"
+    assert first.reasons == ("part config.model.kwargs changed",)
+    assert second.rerun == "maybe"
+    assert "first" in second.reasons[0]
+    assert fourth.rerun == "not built"
+    unchanged = explain(_fake_config(project, 2), options, cache.store, cache.records, FAKE_STAGES)
+    assert [v.rerun for v in unchanged] == ["no", "no", "no", "not built"]
+
+
+def test_corrupted_entry_is_recomputed_with_a_warning(project: Path, cache: Cache) -> None:
+    first = _build(project, cache)
+    path = first.entries["second"].file("second.txt")
+    path.chmod(0o644)
+    path.write_text("garbage")
+    result = _build(project, cache)
+    assert _statuses(result)["second"] == "ran"
+    assert _statuses(result)["third"] == "cutoff"
+    assert any("corrupt" in w for w in result.warnings)
+    assert result.entries["second"].file("second.txt").read_text() == "POSITIVE\n"
+
+
+def test_corrupted_meta_is_recomputed(project: Path, cache: Cache) -> None:
+    first = _build(project, cache)
+    meta = first.entries["first"].path / "meta.json"
+    meta.write_text("{ not json")
+    result = _build(project, cache)
+    assert _statuses(result)["first"] == "ran"
+    assert any("corrupt" in w for w in result.warnings)

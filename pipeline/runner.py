@@ -156,8 +156,11 @@ class Runner:
         lock = self.store.root / "locks" / f"{stage.name}-{key}.lock"
         with key_lock(lock, on_wait=lambda: self.display.waiting(stage.name)):
             if not forced:
-                # Note: another process may have computed this key while we waited for the lock.
-                entry = self.store.lookup(stage.name, key)
+                # Note: another process may have computed this key while we waited for the
+                # lock; and for a stage with dynamic parts (trace's depfile) it may have
+                # recorded what it read, so the parts are computed afresh.
+                parts = self.parts(stage) if stage.keys else parts
+                entry = self.store.lookup(stage.name, key_of(parts))
                 if entry is not None:
                     return entry, "hit", None
             self.display.started(stage.name)

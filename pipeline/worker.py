@@ -6,7 +6,9 @@ its traceback for --debug)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -15,8 +17,20 @@ from pipeline.errors import KilnError
 from pipeline.execute import load_entry, peak_rss_self
 from pipeline.job import StageJob
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the runner dies (kill -9 included)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
 
 def main(control: Path) -> int:
+    _die_with_parent()
     job = StageJob.from_json((control / "job.json").read_text())
     if job.project_root not in sys.path:
         sys.path.insert(0, job.project_root)

@@ -6,6 +6,7 @@ leaves its output identical: the shape early cutoff needs."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Mapping
@@ -37,13 +38,13 @@ def third(job: StageJob) -> Mapping[str, Any]:
     text = job.input("second/second.txt").read_text()
     items = job.items()
     for i, word in enumerate(text.split()):
-        items.get_or_compute({"word": word, "i": str(i)}, lambda d, w=word: _item(d, w))
+        items.get_or_compute({"word": word, "i": str(i)}, functools.partial(_item, word=word))
     (job.out_dir / "third.txt").write_text(text[::-1])
     _count(job)
     return {}
 
 
-def _item(folder: Path, word: str) -> Mapping[str, Any]:
+def _item(folder: Path, *, word: str) -> Mapping[str, Any]:
     (folder / "item.txt").write_text(word)
     return {"word": word}
 

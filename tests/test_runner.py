@@ -117,7 +117,7 @@ def test_explain_names_the_changed_part(project: Path, cache: Cache) -> None:
     config = _fake_config(project, 3)
     options = BuildOptions("cpu", project / "build", in_process=True)
     verdicts = explain(config, options, cache.store, cache.records, FAKE_STAGES)
-    first, second, third, fourth = verdicts
+    first, second, _third, fourth = verdicts
     assert first.rerun == "yes"
     assert first.reasons == ("part config.model.kwargs changed",)
     assert second.rerun == "maybe"

@@ -78,7 +78,7 @@ def _checkpoint(path: Path, seed: int) -> None:
     torch.manual_seed(seed)
     sys.path.insert(0, str(path.parent))
     try:
-        import toymodel
+        import toymodel  # type: ignore[import-not-found]
 
         save_file(toymodel.build(16).state_dict(), str(path))
     finally:
@@ -137,7 +137,7 @@ def test_noop_compile_does_not_import_torch(project: Path, tmp_path: Path) -> No
 def test_bad_factory_is_a_clear_error(project: Path, tmp_path: Path, edit: str, message: str) -> None:
     path = project / "configs" / "toy.toml"
     text = path.read_text()
-    key = edit.split(" = ")[0]
+    key = edit.split(" = ", maxsplit=1)[0]
     line = next(ln for ln in text.splitlines() if ln.startswith(f"{key} ="))
     path.write_text(text.replace(line, edit))
     proc = kiln(["compile", str(path), "--target", "cpu"], tmp_path / "c", check=False)

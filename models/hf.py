@@ -32,6 +32,3 @@ def gpt2(**overrides: Any) -> nn.Module:
     config = GPT2Config(use_cache=False, **overrides)
     config._attn_implementation = "sdpa"
     return LogitsOnly(GPT2LMHeadModel(config))
-
-# a comment added by bench/recompile.py
-# and another

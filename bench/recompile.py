@@ -38,7 +38,8 @@ save_file({{k: v.contiguous().clone() for k, v in module.state_dict().items()}},
 
 
 def kiln(args: list[str], cache: Path) -> tuple[float, dict[str, Any]]:
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache), PYTHONPATH=path)
     out = cache.parent / "out"
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "pipeline", *args, "--quiet", "--target", "cpu",

@@ -46,6 +46,11 @@ def build(width: int = 16) -> Toy:
 '''
 
 
+def python_path() -> str:
+    """kiln's root first, then whatever PYTHONPATH the caller had (the GPU box's wheels)."""
+    return os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+
+
 @pytest.fixture
 def cache(tmp_path: Path) -> Iterator[Cache]:
     c = Cache.open(tmp_path / "cache")
@@ -72,7 +77,7 @@ def write_config(root: Path, name: str, width: int = 16, extra: str = "") -> Pat
 def kiln(args: list[str], cache_dir: Path, cwd: Path | None = None,
          check: bool = True) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), COLUMNS="200")
-    env["PYTHONPATH"] = str(PROJECT_ROOT)
+    env["PYTHONPATH"] = python_path()
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True,
         env=env, cwd=cwd or PROJECT_ROOT, timeout=600, check=False,

@@ -12,6 +12,7 @@ import pytest
 from cache import Store, canonical_json, digest_json
 from cache.gc import parse_size
 from pipeline.config import PROJECT_ROOT
+from tests.conftest import python_path
 
 
 def test_canonical_json_is_order_independent_and_exact() -> None:
@@ -89,7 +90,7 @@ print(key_of(static_parts(STAGES[0], config, "cpu", {})))
 def test_keys_are_stable_across_processes() -> None:
     keys = {
         subprocess.run([sys.executable, "-c", _KEY_SCRIPT], capture_output=True, text=True,
-                       check=True, cwd=PROJECT_ROOT, env={"PYTHONPATH": str(PROJECT_ROOT),
+                       check=True, cwd=PROJECT_ROOT, env={"PYTHONPATH": python_path(),
                                                           "PYTHONHASHSEED": str(seed)}).stdout
         for seed in (1, 2)
     }

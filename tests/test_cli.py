@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from pipeline.config import PROJECT_ROOT
-from tests.conftest import kiln
+from tests.conftest import kiln, python_path
 
 
 def _entries(cache_dir: Path) -> list[Path]:
@@ -68,7 +68,7 @@ def test_cache_info_gc_clear(project: Path, tmp_path: Path) -> None:
 
 
 def _spawn(args: list[str], cache_dir: Path, log: Path | None = None) -> subprocess.Popen[str]:
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), PYTHONPATH=str(PROJECT_ROOT))
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), PYTHONPATH=python_path())
     if log is not None:
         env["KILN_TEST_RUNLOG"] = str(log)
     return subprocess.Popen([sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE,

@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.build import Cache, compile_model
-from pipeline.config import PROJECT_ROOT, load_config
+from pipeline.config import load_config
 from pipeline.runner import BuildOptions, BuildResult
 from pipeline.stages import STAGES
-from tests.conftest import kiln, write_config
+from tests.conftest import kiln, python_path, write_config
 from tests.fake_stages import with_consumer
 
 TRACE_AND_CONSUMER = with_consumer(STAGES)
@@ -119,7 +119,7 @@ def test_noop_compile_does_not_import_torch(project: Path, tmp_path: Path) -> No
         f"rc = main(['compile', {config!r}, '--target', 'cpu', '--quiet']); "
         "assert rc == 0; assert 'torch' not in sys.modules, 'torch was imported'"
     )
-    env = {"KILN_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin"}
+    env = {"KILN_CACHE_DIR": str(cache_dir), "PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           check=False)
     assert proc.returncode == 0, proc.stderr

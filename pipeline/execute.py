@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def make_job(
         env={fact: env_fact(fact, options.target) for fact in stage.env},
         out=str(folder),
         project_root=str(config.project_root),
-        cache_root=str(store.root.parent),
+        store_root=str(store.root),
         entry=stage.entry or "",
         live=options.live,
     )
@@ -93,9 +94,7 @@ def _in_worker(stage: Stage, job: StageJob, folder: Path) -> Outcome:
         _spawn(control)
         return _read_result(stage, control)
     finally:
-        for f in control.iterdir():
-            f.unlink()
-        control.rmdir()
+        shutil.rmtree(control, ignore_errors=True)
 
 
 def _spawn(control: Path) -> None:

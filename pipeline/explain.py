@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from cache.records import Records
 from cache.store import Store
 from pipeline.config import ModelConfig
-from pipeline.keys import diff_parts, key_of
+from pipeline.keys import diff_parts
 from pipeline.progress import QuietDisplay
 from pipeline.runner import BuildOptions, Runner
 from pipeline.stages import STAGES, Stage
@@ -46,19 +46,17 @@ def explain(
             verdicts.append(Verdict(stage.name, "maybe", (reason,)))
             pending.add(stage.name)
             continue
-        verdict = _judge(runner, stage, store, records)
+        verdict = _judge(runner, stage, records)
         if verdict.rerun == "yes":
             pending.add(stage.name)
         verdicts.append(verdict)
     return verdicts
 
 
-def _judge(runner: Runner, stage: Stage, store: Store, records: Records) -> Verdict:
-    parts = runner.parts(stage)
-    key = key_of(parts)
+def _judge(runner: Runner, stage: Stage, records: Records) -> Verdict:
     if stage.name in runner.options.force:
         return Verdict(stage.name, "yes", ("--force",))
-    entry = store.lookup(stage.name, key)
+    parts, _key, entry = runner.probe(stage)
     if entry is not None:
         runner.entries[stage.name] = entry
         return Verdict(stage.name, "no", ("cached",))

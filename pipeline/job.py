@@ -22,7 +22,7 @@ class StageJob:
     env: dict[str, str]
     out: str  # folder the stage writes its artifacts into
     project_root: str  # the model's project (for importing its factory)
-    cache_root: str
+    store_root: str  # the artifact store, for per-item entries
     entry: str  # "module:function" that runs the stage
     # An in-memory model handed to pipeline.compile(); never serialized. Only trace reads it.
     live: Any = field(default=None, compare=False)
@@ -36,7 +36,7 @@ class StageJob:
 
     def items(self) -> ItemCache:
         """Per-item cache for fan-out work inside the stage (one entry per kernel, say)."""
-        return ItemCache(Store(Path(self.cache_root) / "store"), self.stage)
+        return ItemCache(Store(Path(self.store_root)), self.stage)
 
     def to_json(self) -> str:
         data = asdict(self)

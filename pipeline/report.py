@@ -72,12 +72,14 @@ def _atomic_write(path: Path, text: str) -> None:
 def human_bytes(n: int | None) -> str:
     if n is None:
         return "-"
+    if n < 1024:
+        return f"{n} B"
     value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+    for unit in ("KB", "MB"):
         value /= 1024
-    return f"{value:.1f} GB"
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1024:.1f} GB"
 
 
 def report_table(report: dict[str, Any]) -> Table:

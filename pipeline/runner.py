@@ -115,23 +115,32 @@ class Runner:
             if name not in names:
                 raise KilnError(f"unknown stage {name!r}", f"stages: {', '.join(names)}")
 
+    def _artifact(self, ref: str) -> tuple[Entry, str]:
+        """The entry and artifact name a "stage/artifact" reference points at."""
+        stage, name = ref.split("/", 1)
+        return self.entries[stage], name
+
     def parts(self, stage: Stage) -> Parts:
-        digests = {
-            ref: self.entries[ref.split("/", 1)[0]].artifacts[ref.split("/", 1)[1]].digest
-            for ref in stage.reads
-        }
+        digests = {}
+        for ref in stage.reads:
+            entry, name = self._artifact(ref)
+            digests[ref] = entry.artifacts[name].digest
         parts = static_parts(stage, self.config, self.options.target, digests)
         dyn = dynamic_keys(stage)
         if dyn is not None:
             parts.update(dyn.key_parts(self.ctx))
         return parts
 
-    def _stage(self, stage: Stage) -> StageRow:
-        start = time.perf_counter()
+    def probe(self, stage: Stage, *, forced: bool = False) -> tuple[Parts, str, Entry | None]:
+        """The stage's key parts, its key and its cached entry (None if missing or forced)."""
         parts = self.parts(stage)
         key = key_of(parts)
+        return parts, key, None if forced else self.store.lookup(stage.name, key)
+
+    def _stage(self, stage: Stage) -> StageRow:
+        start = time.perf_counter()
         forced = stage.name in self.options.force
-        entry = None if forced else self.store.lookup(stage.name, key)
+        parts, key, entry = self.probe(stage, forced=forced)
         status = "hit"
         if entry is None:
             entry, status, rss = self._compute(stage, parts, key, forced)
@@ -145,8 +154,8 @@ class Runner:
             self.touched.add(stage.name)
         self.entries[stage.name] = entry
         self.records.set("parts", f"{self.id}/{stage.name}", dict(entry.meta.get("parts", parts)))
-        row = StageRow(stage.name, status, time.perf_counter() - start, entry.size, rss, entry.key)
-        row.start = start - self._t0
+        seconds = time.perf_counter() - start
+        row = StageRow(stage.name, status, seconds, entry.size, rss, entry.key, start - self._t0)
         self.display.finished(row.stage, row.status, row.seconds)
         return row
 
@@ -159,18 +168,17 @@ class Runner:
                 # Note: another process may have computed this key while we waited for the
                 # lock; and for a stage with dynamic parts (trace's depfile) it may have
                 # recorded what it read, so the parts are computed afresh.
-                parts = self.parts(stage) if stage.keys else parts
-                entry = self.store.lookup(stage.name, key_of(parts))
+                parts, key, entry = self.probe(stage)
                 if entry is not None:
                     return entry, "hit", None
             self.display.started(stage.name)
             return self._execute(stage, parts, key)
 
     def _execute(self, stage: Stage, parts: Parts, key: str) -> tuple[Entry, str, int | None]:
-        inputs = {
-            ref: str(self.entries[ref.split("/", 1)[0]].file(ref.split("/", 1)[1]))
-            for ref in stage.reads
-        }
+        inputs = {}
+        for ref in stage.reads:
+            entry, name = self._artifact(ref)
+            inputs[ref] = str(entry.file(name))
         with self.store.staging(stage.name, key) as folder:
             t0 = time.perf_counter()
             outcome = execute_stage(stage, self.config, self.options, inputs, folder, self.store)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import sys
 import traceback
@@ -26,7 +27,9 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() == 1:  # the runner died before we asked
+        sys.exit(1)
 
 
 def main(control: Path) -> int:

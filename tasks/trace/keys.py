@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cache.hashing import digest_file, digest_json
+from cache.hashing import digest_file
 from cache.records import Records
 from pipeline.envfacts import package_version
 from pipeline.keys import KeyContext, Parts
@@ -70,6 +70,3 @@ def file_digest(path: Path, records: Records) -> str:
     records.set("filedigest", str(path), {"stamp": stamp, "digest": digest})
     return digest
 
-
-def spec_digest(value: Any) -> str:
-    return digest_json(value)[:16]

@@ -12,8 +12,7 @@ from typing import Any
 import torch
 
 from cache.hashing import digest_file
-
-Parts = dict[str, str]
+from pipeline.keys import Parts
 
 
 @dataclass(frozen=True)

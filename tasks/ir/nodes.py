@@ -1,0 +1,225 @@
+"""The graph: buffers, and the nodes that compute them, in program order.
+
+A `Pointwise` node computes out[i0, .., in] = body over out's shape. A `Reduction` computes,
+for each i over its `ranges`, a reduction of body over `reduce_ranges` (variables r0..); its
+outputs have shape `ranges` (welford has two: mean and m2). Loads name buffers and index them
+with one expression per dimension, so a view is never a node: it is an index expression.
+Extern calls (matmul, convolution, attention) and aten fallbacks take strided `View`s of
+buffers, since the kernels they call read strides. `Cond` and `While` hold subgraphs.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tasks.ir.dtypes import DType
+from tasks.ir.expr import Expr
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    PROD = "prod"
+    MAX = "max"
+    MIN = "min"
+    ARGMAX = "argmax"  # first index of the max, over the flattened reduction ranges
+    ARGMIN = "argmin"
+    WELFORD = "welford"  # outputs (mean, m2); m2 = sum((x - mean)^2)
+    ANY = "any"
+    ALL = "all"
+
+
+class ExternOp(enum.Enum):
+    MM = "mm"
+    BMM = "bmm"
+    ADDMM = "addmm"  # params: beta, alpha
+    BADDBMM = "baddbmm"
+    CONVOLUTION = "convolution"  # params: stride, padding, dilation, transposed, output_padding, groups
+    SDPA = "scaled_dot_product_attention"  # params: dropout_p, is_causal, scale, enable_gqa
+
+
+class BufferKind(enum.Enum):
+    INPUT = "input"  # a user input of the graph
+    WEIGHT = "weight"  # a parameter, buffer or constant: read from the weights file
+    TEMP = "temp"  # computed by a node
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: DType
+    device: str
+    kind: BufferKind = BufferKind.TEMP
+    weight: str = ""  # the weights-file entry of a WEIGHT buffer
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for size in self.shape:
+            n *= size
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the buffer spans in memory (its strides may leave gaps)."""
+        if any(size == 0 for size in self.shape):
+            return 0
+        span = 1 + sum((size - 1) * stride for size, stride in zip(self.shape, self.stride, strict=True))
+        return span * self.dtype.itemsize
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A strided window onto a buffer, for the calls that take tensors (externs, fallbacks)."""
+
+    buffer: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: DType
+
+
+@dataclass(frozen=True, slots=True)
+class Pointwise:
+    out: Buffer
+    body: Expr
+    origin: str = ""  # the fx node it was lowered from; names kernels, never joins a key
+
+    @property
+    def outs(self) -> tuple[Buffer, ...]:
+        return (self.out,)
+
+
+@dataclass(frozen=True, slots=True)
+class Reduction:
+    outs: tuple[Buffer, ...]  # shape == ranges
+    op: ReduceOp
+    ranges: tuple[int, ...]
+    reduce_ranges: tuple[int, ...]
+    body: Expr  # over i0.. and r0..
+    origin: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Scatter:
+    """In place: target[index(i..)] (op)= value(i..) over `ranges`. Runs after target's producer."""
+
+    target: str
+    ranges: tuple[int, ...]
+    index: tuple[Expr, ...]  # one expression per target dimension
+    value: Expr
+    accumulate: bool
+    origin: str = ""
+
+    @property
+    def outs(self) -> tuple[Buffer, ...]:
+        return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Extern:
+    op: ExternOp
+    out: Buffer
+    inputs: tuple[View | None, ...]  # None for an absent optional input (no bias, no mask)
+    params: str  # canonical JSON of the scalar arguments
+    origin: str = ""
+
+    @property
+    def outs(self) -> tuple[Buffer, ...]:
+        return (self.out,)
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """An aten op kiln does not compile: called as it is, counted as "not compiled"."""
+
+    target: str  # e.g. "aten.cumsum.default"
+    outs: tuple[Buffer, ...]
+    inputs: tuple[View, ...]
+    args: str  # canonical JSON of (args, kwargs), tensors as {"input": n}
+    origin: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Cond:
+    pred: View  # a bool (or int) scalar
+    operands: tuple[View, ...]
+    then_graph: Graph
+    else_graph: Graph
+    outs: tuple[Buffer, ...]
+    origin: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class While:
+    """carried = operands; while cond_graph(carried, extra): carried = body_graph(carried, extra)."""
+
+    carried: tuple[View, ...]
+    extra: tuple[View, ...]
+    cond_graph: Graph
+    body_graph: Graph
+    outs: tuple[Buffer, ...]
+    origin: str = ""
+
+
+Node = Pointwise | Reduction | Scatter | Extern | Fallback | Cond | While
+
+
+@dataclass(frozen=True, slots=True)
+class Graph:
+    inputs: tuple[Buffer, ...]  # user inputs (INPUT) then weights (WEIGHT), or a subgraph's operands
+    nodes: tuple[Node, ...]
+    outputs: tuple[str, ...]  # buffer names; every output is a buffer some node computed
+
+    def buffers(self) -> dict[str, Buffer]:
+        found = {b.name: b for b in self.inputs}
+        for node in self.nodes:
+            found.update((b.name, b) for b in node.outs)
+        return found
+
+    def subgraphs(self) -> Iterator[tuple[str, Graph]]:
+        for node in self.nodes:
+            if isinstance(node, Cond):
+                yield f"{node.origin}.then", node.then_graph
+                yield f"{node.origin}.else", node.else_graph
+            elif isinstance(node, While):
+                yield f"{node.origin}.cond", node.cond_graph
+                yield f"{node.origin}.body", node.body_graph
+
+
+def node_inputs(node: Node) -> list[str]:
+    """Buffers a node reads, in first-use order."""
+    from tasks.ir.expr import buffers_read
+
+    if isinstance(node, Pointwise | Reduction):
+        return buffers_read(node.body)
+    if isinstance(node, Scatter):
+        names = [node.target]
+        for e in (*node.index, node.value):
+            names += buffers_read(e)
+        return list(dict.fromkeys(names))
+    if isinstance(node, Extern):
+        return list(dict.fromkeys(v.buffer for v in node.inputs if v is not None))
+    if isinstance(node, Fallback):
+        return list(dict.fromkeys(v.buffer for v in node.inputs))
+    if isinstance(node, Cond):
+        return list(dict.fromkeys(v.buffer for v in (node.pred, *node.operands)))
+    return list(dict.fromkeys(v.buffer for v in (*node.carried, *node.extra)))
+
+
+def node_writes(node: Node) -> list[str]:
+    if isinstance(node, Scatter):
+        return [node.target]
+    return [b.name for b in node.outs]

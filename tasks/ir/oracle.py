@@ -1,0 +1,56 @@
+"""Checks a lowered (or scheduled) graph against eager torch: the harness tests use everywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tasks.ir.interpret import run_graph
+from tasks.ir.nodes import BufferKind, Graph
+
+
+def graph_args(graph: Graph, program: torch.export.ExportedProgram,
+               inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Buffer name -> tensor: user inputs in order, weights by their weights-file name."""
+    weights = {**program.state_dict, **program.constants}
+    user = iter(inputs)
+    args: dict[str, torch.Tensor] = {}
+    for b in graph.inputs:
+        args[b.name] = weights[b.weight] if b.kind is BufferKind.WEIGHT else next(user)
+    return args
+
+
+def export(module: torch.nn.Module | Callable[..., Any],
+           inputs: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
+    from tasks.trace.export import export_program
+
+    if not isinstance(module, torch.nn.Module):
+        module = _Wrap(module)
+    return export_program(module.eval(), tuple(inputs), "test", Path.cwd())
+
+
+class _Wrap(torch.nn.Module):
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def flat_outputs(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in flat_outputs(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in flat_outputs(v)]
+    return [t for v in vars(value).values() for t in flat_outputs(v)] if hasattr(value, "__dict__") else []
+
+
+def run_lowered(graph: Graph, program: torch.export.ExportedProgram,
+                inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return run_graph(graph, graph_args(graph, program, inputs))

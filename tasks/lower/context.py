@@ -1,0 +1,134 @@
+"""The state of one graph's lowering: the nodes emitted so far, and helpers every lowering uses.
+
+Each lowering function gets a `Lower` and a `Call` (the aten call with its arguments bound by
+name and its output's shape and dtype) and returns a TensorValue, a tuple of them, or a Python
+value. It emits nodes through `pointwise`, `reduction`, `extern` and `fallback`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cache.hashing import canonical_json
+from tasks.ir.dtypes import DType
+from tasks.ir.expr import Expr, cast, const
+from tasks.ir.nodes import (
+    Buffer,
+    Extern,
+    ExternOp,
+    Node,
+    Pointwise,
+    ReduceOp,
+    Reduction,
+    View,
+    contiguous_strides,
+)
+from tasks.lower.values import Loop, TensorValue
+
+
+class LoweringError(Exception):
+    """A graph kiln cannot express; the message says what and why."""
+
+
+@dataclass(frozen=True)
+class OutMeta:
+    shape: tuple[int, ...]
+    dtype: DType
+
+
+@dataclass
+class Call:
+    target: str  # "aten.add.Tensor"
+    origin: str  # the fx node's name
+    args: dict[str, Any]  # bound by schema name; tensors are TensorValues
+    out: OutMeta | tuple[OutMeta | None, ...] | None
+
+    def __getitem__(self, name: str) -> Any:
+        return self.args[name]
+
+    @property
+    def meta(self) -> OutMeta:
+        assert isinstance(self.out, OutMeta), f"{self.target}: expected one tensor output"
+        return self.out
+
+    def tensor(self, name: str) -> TensorValue:
+        value = self.args[name]
+        if not isinstance(value, TensorValue):
+            raise LoweringError(f"{self.target}: argument {name!r} is {value!r}, not a tensor")
+        return value
+
+
+@dataclass
+class Lower:
+    device: str
+    prefix: str = "buf"
+    nodes: list[Node] = field(default_factory=list)
+    counter: list[int] = field(default_factory=lambda: [0])  # shared with subgraphs
+
+    def name(self) -> str:
+        self.counter[0] += 1
+        return f"{self.prefix}{self.counter[0] - 1}"
+
+    def new_buffer(self, shape: tuple[int, ...], dtype: DType) -> Buffer:
+        return Buffer(self.name(), shape, contiguous_strides(shape), dtype, self.device)
+
+    def emit(self, node: Node) -> None:
+        self.nodes.append(node)
+
+    def pointwise(self, shape: tuple[int, ...], dtype: DType, origin: str,
+                  body: Callable[[Loop], Expr]) -> TensorValue:
+        loop = Loop(shape)
+        expr = cast(body(loop), dtype)
+        out = self.new_buffer(shape, dtype)
+        self.emit(Pointwise(out, expr, origin))
+        return TensorValue.of(out)
+
+    def reduction(self, op: ReduceOp, shape: tuple[int, ...], reduce: tuple[int, ...],
+                  origin: str, body: Callable[[Loop], Expr]) -> tuple[TensorValue, ...]:
+        loop = Loop(shape, reduce)
+        expr = body(loop)
+        if op is ReduceOp.WELFORD:
+            dtypes = [expr.dtype, expr.dtype]
+        elif op in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
+            dtypes = [DType.I64]
+        elif op in (ReduceOp.ANY, ReduceOp.ALL):
+            expr, dtypes = cast(expr, DType.BOOL), [DType.BOOL]
+        else:
+            dtypes = [expr.dtype]
+        outs = tuple(self.new_buffer(shape, d) for d in dtypes)
+        self.emit(Reduction(outs, op, shape, reduce, expr, origin))
+        return tuple(TensorValue.of(b) for b in outs)
+
+    def realize(self, value: TensorValue, origin: str) -> TensorValue:
+        """The value in a buffer of its own, unless it already is one."""
+        return value if value.is_identity() else self.copy(value, origin)
+
+    def copy(self, value: TensorValue, origin: str) -> TensorValue:
+        """A fresh contiguous buffer holding the value (a scatter's target, say)."""
+        return self.pointwise(value.shape, value.dtype, origin, lambda loop: loop.load(value, loop.idx))
+
+    def view(self, value: TensorValue, origin: str) -> View:
+        """A strided view for a call that takes tensors; copies only what strides cannot say."""
+        strided = value.strided()
+        if strided is None:
+            strided = self.realize(value, origin).strided()
+            assert strided is not None
+        return strided
+
+    def extern(self, op: ExternOp, inputs: list[TensorValue | None], params: dict[str, Any],
+               call: Call) -> TensorValue:
+        views = tuple(None if v is None else self.view(v, call.origin) for v in inputs)
+        out = self.new_buffer(call.meta.shape, call.meta.dtype)
+        self.emit(Extern(op, out, views, canonical_json(params).decode(), call.origin))
+        return TensorValue.of(out)
+
+
+def scalar(value: Any, dtype: DType) -> Expr:
+    return const(value, dtype)
+
+
+def params_json(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True)

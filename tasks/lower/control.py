@@ -1,0 +1,71 @@
+"""`cond` and `while_loop`: their branches and bodies are lowered like the main graph.
+
+A subgraph's inputs are fresh contiguous buffers bound to the operands at run time, so each
+operand is passed as a contiguous view (copied first only if it is not one). Buffer names are
+unique across the whole program: subgraphs share the main graph's counter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import fx
+
+from tasks.ir.nodes import Buffer, BufferKind, Cond, Graph, View, While, contiguous_strides
+from tasks.lower.context import Call, Lower, LoweringError, OutMeta
+from tasks.lower.registry import register
+from tasks.lower.values import TensorValue
+
+
+def operand_view(ctx: Lower, value: Any, origin: str) -> View:
+    if not isinstance(value, TensorValue):
+        raise LoweringError(f"control-flow operand {value!r} is not a tensor; kiln passes tensors only")
+    view = value.strided()
+    if view is None or view.stride != contiguous_strides(view.shape) or view.offset:
+        view = ctx.copy(value, origin).strided()
+        assert view is not None
+    return view
+
+
+def lower_subgraph(ctx: Lower, call: Call, gm: fx.GraphModule, operands: list[View]) -> Graph:
+    from tasks.lower.program import GraphLowering
+
+    inputs = [Buffer(ctx.name(), v.shape, contiguous_strides(v.shape), v.dtype, ctx.device, BufferKind.INPUT)
+              for v in operands]
+    sub = Lower(ctx.device, ctx.prefix, [], ctx.counter)
+    parent: GraphLowering = call.args["lowering"]
+    return GraphLowering(sub, parent.source).run(gm, inputs)
+
+
+def _outs(ctx: Lower, call: Call) -> tuple[Buffer, ...]:
+    metas = call.out if isinstance(call.out, tuple) else (call.out,)
+    if not all(isinstance(m, OutMeta) for m in metas):
+        raise LoweringError(f"{call.target} returns values that are not tensors")
+    return tuple(ctx.new_buffer(m.shape, m.dtype) for m in metas if isinstance(m, OutMeta))
+
+
+@register("cond")
+def _cond(ctx: Lower, call: Call) -> tuple[TensorValue, ...]:
+    pred, then_gm, else_gm, operands = call.args["args"][:4]
+    if not isinstance(pred, TensorValue):
+        raise LoweringError("cond with a Python predicate; export specializes those away")
+    pred_view = operand_view(ctx, pred, call.origin)
+    views = [operand_view(ctx, v, call.origin) for v in operands]
+    then_graph = lower_subgraph(ctx, call, then_gm, views)
+    else_graph = lower_subgraph(ctx, call, else_gm, views)
+    outs = _outs(ctx, call)
+    ctx.emit(Cond(pred_view, tuple(views), then_graph, else_graph, outs, call.origin))
+    return tuple(TensorValue.of(b) for b in outs)
+
+
+@register("while_loop")
+def _while(ctx: Lower, call: Call) -> tuple[TensorValue, ...]:
+    cond_gm, body_gm, carried, extra = call.args["args"][:4]
+    carried_views = [operand_view(ctx, v, call.origin) for v in carried]
+    extra_views = [operand_view(ctx, v, call.origin) for v in extra]
+    operands = carried_views + extra_views
+    cond_graph = lower_subgraph(ctx, call, cond_gm, operands)
+    body_graph = lower_subgraph(ctx, call, body_gm, operands)
+    outs = _outs(ctx, call)
+    ctx.emit(While(tuple(carried_views), tuple(extra_views), cond_graph, body_graph, outs, call.origin))
+    return tuple(TensorValue.of(b) for b in outs)

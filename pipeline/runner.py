@@ -155,7 +155,8 @@ class Runner:
         self.entries[stage.name] = entry
         self.records.set("parts", f"{self.id}/{stage.name}", dict(entry.meta.get("parts", parts)))
         seconds = time.perf_counter() - start
-        row = StageRow(stage.name, status, seconds, entry.size, rss, entry.key, start - self._t0)
+        summary = str(entry.meta.get("notes", {}).get("summary", ""))
+        row = StageRow(stage.name, status, seconds, entry.size, rss, entry.key, start - self._t0, summary)
         self.display.finished(row.stage, row.status, row.seconds)
         return row
 

@@ -58,13 +58,16 @@ STAGES: tuple[Stage, ...] = (
         "lower",
         "aten ops to kiln's loop-level IR",
         reads=("trace/program.json",),
-        planned="issue #3",
+        env=("python", "torch"),
+        sources=("tasks/lower", "tasks/ir", "tasks/trace/program.py", "cache/hashing.py"),
+        entry="tasks.lower.stage:run",
     ),
     Stage(
         "schedule",
         "fusion into kernel groups, launch order, buffer plan",
         reads=("lower/ir.json",),
-        planned="issue #3",
+        sources=("tasks/schedule", "tasks/ir", "cache/hashing.py"),
+        entry="tasks.schedule.stage:run",
     ),
     Stage(
         "gen-tuning-code",

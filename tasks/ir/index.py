@@ -152,6 +152,8 @@ def simplify(e: Expr, ranges: Ranges) -> Expr:
         return e
 
     def step(node: Expr, children: tuple[Expr, ...]) -> Expr | None:
+        if node.op is Op.VAR and ranges.get(str(node.arg)) == 1:
+            return index(0)  # a loop of one iteration: its variable is always 0
         if node.dtype is not DType.I64 or node.op in (Op.VAR, Op.CONST, Op.LOAD):
             return None
         if node.op is Op.FLOORDIV and _is_int_const(children[1]):

@@ -57,5 +57,5 @@ def summary(graph: Graph) -> dict[str, Any]:
     externs = sum(isinstance(n, Extern) for n in nodes)
     note = f"{len(nodes)} nodes, {externs} extern"
     if fallbacks:
-        note += f", not compiled: {', '.join(fallbacks)}"
+        note += f"; not compiled: {', '.join(f.split('.')[1] for f in fallbacks)}"
     return {"nodes": len(nodes), "externs": externs, "fallbacks": fallbacks, "summary": note}

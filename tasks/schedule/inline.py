@@ -1,0 +1,162 @@
+"""The first scheduling passes, IR -> IR: drop dead nodes, inline pointwise nodes into consumers.
+
+Inlining replaces a load of a pointwise node's buffer by the node's body at the load's index,
+so a chain of pointwise ops, a transpose and the elementwise work around a reduction all end
+up in the bodies of the nodes that must be materialized. Each refusal is written down.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from tasks.ir import index as ix
+from tasks.ir.expr import Expr, Op, loads, rewrite, substitute, walk
+from tasks.ir.nodes import (
+    Graph,
+    Node,
+    Pointwise,
+    Reduction,
+    Scatter,
+    node_inputs,
+    node_writes,
+)
+
+# Note: a producer read at several sites is recomputed at each. Up to this many body ops in
+# total we recompute (cheap arithmetic beats a round trip through memory); beyond it we store.
+RECOMPUTE_BUDGET = 48
+
+
+@dataclass
+class Decisions:
+    """What a pass refused, and why: written to the debug dump."""
+
+    refused: list[str] = field(default_factory=list)
+
+    def refuse(self, what: str, why: str) -> None:
+        self.refused.append(f"{what}: {why}")
+
+
+def eliminate_dead(graph: Graph) -> Graph:
+    live = set(graph.outputs)
+    kept: list[Node] = []
+    for node in reversed(graph.nodes):
+        writes = node_writes(node)
+        if isinstance(node, Scatter) or any(w in live for w in writes):
+            live.update(node_inputs(node))
+            kept.append(node)
+    return replace(graph, nodes=tuple(reversed(kept)))
+
+
+def read_sites(graph: Graph) -> dict[str, list[Node]]:
+    """buffer -> one entry per load site (a node reading a buffer twice appears twice)."""
+    sites: dict[str, list[Node]] = defaultdict(list)
+    for node in graph.nodes:
+        if isinstance(node, Pointwise | Reduction):
+            for e in loads(node.body):
+                sites[str(e.arg)].append(node)
+        elif isinstance(node, Scatter):
+            for root in (*node.index, node.value):
+                for e in loads(root):
+                    sites[str(e.arg)].append(node)
+        else:
+            for name in node_inputs(node):
+                sites[name].append(node)
+    return sites
+
+
+def body_ops(e: Expr) -> int:
+    return sum(1 for n in walk(e) if n.op not in (Op.VAR, Op.CONST) and n.dtype.value != "i64")
+
+
+def inline_refusal(node: Pointwise, graph: Graph, sites: list[Node], mutated: set[str]) -> str | None:
+    """Why this pointwise node must keep its buffer, or None to inline it."""
+    name = node.out.name
+    if name in graph.outputs:
+        return "a graph output"
+    if name in mutated:
+        return "a scatter writes into it"
+    calls = sorted({type(s).__name__.lower() for s in sites if not isinstance(s, Pointwise | Reduction | Scatter)})
+    if calls:
+        return f"read by a call ({', '.join(calls)}) that needs it in memory"
+    cost = body_ops(node.body) * len(sites)
+    if len(sites) > 1 and cost > RECOMPUTE_BUDGET:
+        return (f"read at {len(sites)} sites; recomputing its {body_ops(node.body)} ops at each "
+                f"exceeds the budget of {RECOMPUTE_BUDGET}")
+    return None
+
+
+def inline_pointwise(graph: Graph, decisions: Decisions) -> Graph:
+    sites = read_sites(graph)
+    mutated = {n.target for n in graph.nodes if isinstance(n, Scatter)}
+    bodies: dict[str, Pointwise] = {}
+    kept: list[Node] = []
+    for node in graph.nodes:
+        node = expand_loads(node, bodies)
+        if isinstance(node, Pointwise):
+            why = inline_refusal(node, graph, sites.get(node.out.name, []), mutated)
+            if why is None:
+                bodies[node.out.name] = node
+                continue
+            decisions.refuse(f"inline {node.out.name} ({node.origin})", why)
+        kept.append(node)
+    return replace(graph, nodes=tuple(kept))
+
+
+def expand_loads(node: Node, bodies: dict[str, Pointwise]) -> Node:
+    if not bodies:
+        return node
+    if isinstance(node, Pointwise):
+        return replace(node, body=expand(node.body, bodies, _ranges(node.out.shape, ())))
+    if isinstance(node, Reduction):
+        return replace(node, body=expand(node.body, bodies, _ranges(node.ranges, node.reduce_ranges)))
+    if isinstance(node, Scatter):
+        r = _ranges(node.ranges, ())
+        return replace(node, index=tuple(expand(e, bodies, r) for e in node.index),
+                       value=expand(node.value, bodies, r))
+    return node
+
+
+def _ranges(shape: tuple[int, ...], reduce: tuple[int, ...]) -> dict[str, int]:
+    out = {f"i{k}": s for k, s in enumerate(shape)}
+    out.update({f"r{k}": s for k, s in enumerate(reduce)})
+    return out
+
+
+def expand(root: Expr, bodies: dict[str, Pointwise], ranges: ix.Ranges) -> Expr:
+    """Loads of inlined buffers replaced by the producers' bodies at the loads' indices."""
+    def step(e: Expr, children: tuple[Expr, ...]) -> Expr | None:
+        if e.op is not Op.LOAD or str(e.arg) not in bodies:
+            return None
+        producer = bodies[str(e.arg)]
+        values = {f"i{k}": idx for k, idx in enumerate(children)}
+        return simplify_indices(substitute(producer.body, values), ranges)
+
+    return fold_casts(rewrite(root, step))
+
+
+def simplify_indices(root: Expr, ranges: ix.Ranges) -> Expr:
+    def step(e: Expr, children: tuple[Expr, ...]) -> Expr | None:
+        if e.op is Op.LOAD:
+            return Expr(Op.LOAD, e.dtype, tuple(ix.simplify(c, ranges) for c in children), e.arg)
+        return None
+
+    return rewrite(root, step)
+
+
+def fold_casts(root: Expr) -> Expr:
+    """cast(cast(x: f32 -> f16) -> f32) is x.
+
+    Note: this drops the rounding to fp16/bf16 between two fused ops, as Inductor does: the
+    fused kernel keeps fp32 where eager would round each op's result to its storage type.
+    """
+    def step(e: Expr, children: tuple[Expr, ...]) -> Expr | None:
+        if e.op is Op.CAST and children[0].op is Op.CAST:
+            inner = children[0].args[0]
+            narrow = children[0].dtype
+            if inner.dtype is e.dtype and inner.dtype.is_float and narrow.is_float \
+                    and narrow.itemsize < inner.dtype.itemsize:
+                return inner
+        return None
+
+    return rewrite(root, step)

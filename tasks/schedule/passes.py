@@ -1,0 +1,117 @@
+"""The scheduler: named, pure passes in a straight line, for the main graph and every subgraph.
+
+    eliminate_dead -> inline_pointwise -> fuse -> make_kernel -> plan_arena
+
+Each pass's result is kept as text (numbered per graph) for the debug dump, with the reason
+for every refused inline or fusion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tasks.ir.nodes import Buffer, Cond, Extern, Fallback, Graph, Scatter, While, node_inputs
+from tasks.ir.text import graph_text
+from tasks.schedule.fuse import Unit, fuse
+from tasks.schedule.inline import Decisions, eliminate_dead, inline_pointwise
+from tasks.schedule.kernels import make_kernel
+from tasks.schedule.model import (
+    CallStep,
+    CondStep,
+    Kernel,
+    KernelStep,
+    Schedule,
+    ScheduledGraph,
+    Step,
+    WhileStep,
+)
+from tasks.schedule.plan import Interval, plan_arena
+from tasks.schedule.text import kernel_text
+
+
+@dataclass
+class Run:
+    """What scheduling a program accumulates across its graphs."""
+
+    kernels: list[Kernel] = field(default_factory=list)
+    dumps: dict[str, str] = field(default_factory=dict)
+
+
+def schedule_program(graph: Graph) -> tuple[Schedule, dict[str, str]]:
+    run = Run()
+    main = schedule_graph(graph, "main", run)
+    return Schedule(main, tuple(run.kernels)), run.dumps
+
+
+def schedule_graph(graph: Graph, label: str, run: Run) -> ScheduledGraph:
+    decisions = Decisions()
+    run.dumps[f"{label}/00-lowered.txt"] = graph_text(graph)
+    live = eliminate_dead(graph)
+    run.dumps[f"{label}/01-dead-code.txt"] = graph_text(live)
+    inlined = inline_pointwise(live, decisions)
+    run.dumps[f"{label}/02-inline.txt"] = graph_text(inlined)
+    units = fuse(inlined.nodes, decisions)
+    stored = stored_buffers(units, inlined.outputs)
+    buffers = inlined.buffers()
+    steps = [make_step(u, stored, buffers, label, run) for u in units]
+    run.dumps[f"{label}/03-kernels.txt"] = "\n".join(
+        kernel_text(run.kernels[int(s.kernel[1:])]) for s in steps if isinstance(s, KernelStep))
+    run.dumps[f"{label}/refused.txt"] = "".join(f"{line}\n" for line in decisions.refused)
+    return planned(inlined, steps, run)
+
+
+def stored_buffers(units: list[Unit], outputs: tuple[str, ...]) -> set[str]:
+    """Buffers a kernel must write to memory: read by another step, or returned."""
+    stored = set(outputs)
+    for unit in units:
+        for other in units:
+            if other is not unit:
+                stored.update(b for b in other.reads if b in unit.writes)
+    return stored
+
+
+def make_step(unit: Unit, stored: set[str], buffers: dict[str, Buffer], label: str, run: Run) -> Step:
+    node = unit.nodes[0]
+    if unit.kernel or isinstance(node, Scatter):
+        kernel = make_kernel(unit, f"k{len(run.kernels)}", stored, buffers)
+        run.kernels.append(kernel)
+        return KernelStep(kernel.name)
+    if isinstance(node, Extern | Fallback):
+        return CallStep(node)
+    if isinstance(node, Cond):
+        return CondStep(node.pred, node.operands, schedule_graph(node.then_graph, f"{label}.{node.origin}.then", run),
+                        schedule_graph(node.else_graph, f"{label}.{node.origin}.else", run), node.outs, node.origin)
+    assert isinstance(node, While)
+    return WhileStep(node.carried, node.extra, schedule_graph(node.cond_graph, f"{label}.{node.origin}.cond", run),
+                     schedule_graph(node.body_graph, f"{label}.{node.origin}.body", run), node.outs, node.origin)
+
+
+def step_io(step: Step, run: Run) -> tuple[list[str], list[str]]:
+    """(buffers read, buffers written) by a step."""
+    if isinstance(step, KernelStep):
+        k = next(k for k in run.kernels if k.name == step.kernel)
+        reads = [p.buffer for p in k.params if p.role in ("in", "inout")]
+        return reads, [p.buffer for p in k.params if p.role in ("out", "inout")]
+    if isinstance(step, CallStep):
+        return node_inputs(step.node), [b.name for b in step.node.outs]
+    views = (step.pred, *step.operands) if isinstance(step, CondStep) else (*step.carried, *step.extra)
+    return [v.buffer for v in views], [b.name for b in step.outs]
+
+
+def planned(graph: Graph, steps: list[Step], run: Run) -> ScheduledGraph:
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        reads, writes = step_io(step, run)
+        for name in writes:
+            first.setdefault(name, i)
+            last.setdefault(name, i)
+        for name in reads:
+            last[name] = i
+    all_buffers = graph.buffers()
+    written = [all_buffers[name] for name in first]
+    arena = [Interval(b, first[b.name], last[b.name]) for b in written if b.name not in graph.outputs]
+    offsets, size = plan_arena(arena)
+    return ScheduledGraph(graph.inputs, graph.outputs, tuple(steps), tuple(written),
+                          tuple(sorted(offsets.items())), size)
+

@@ -45,16 +45,23 @@ def index_text(e: Expr, names: dict[str, str] | None = None) -> str:
         return names[e.key]
     if e.op in _INFIX:
         left, right = (index_text(a, names) for a in e.args)
-        if e.op in (Op.FLOORDIV, Op.MOD) and " " in left:
+        if e.op is not Op.ADD and " " in left and e.op is not Op.SUB:
             left = f"({left})"
-        if e.op is Op.MUL and " " in left:
-            left = f"({left})"
+        if e.op is not Op.ADD and (" " in right or _is_compound(e.args[1])):
+            right = f"({right})"
+        negative = e.args[1].op is Op.CONST and isinstance(e.args[1].arg, int) and e.args[1].arg < 0
+        if e.op is Op.ADD and negative:
+            return f"{left} - {-int(e.args[1].arg)}"  # type: ignore[arg-type]
         if e.op in (Op.ADD, Op.SUB):
             return f"{left} {_INFIX[e.op]} {right}"
         return f"{left}{_INFIX[e.op]}{right}"
     if e.op is Op.LOAD:
         return f"{e.arg}[{', '.join(index_text(a, names) for a in e.args)}]"
     return f"{e.op.value}({', '.join(index_text(a, names) for a in e.args)})"
+
+
+def _is_compound(e: Expr) -> bool:
+    return e.op in _INFIX and e.op is not Op.MUL
 
 
 def _is_index(e: Expr) -> bool:

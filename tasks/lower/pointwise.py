@@ -112,13 +112,20 @@ def _relu(ctx: Lower, call: Call) -> TensorValue:
 
 # -- binary ----------------------------------------------------------------------------------
 
+# Note: each op lists its tensor overloads. "mul.default", "eq.default" and the like exist, but
+# they are Python-number ops (Scalar a, Scalar b), not tensor ops; maximum, atan2 and the
+# logical ops have only "default"; the shifts take a Scalar as "Tensor_Scalar".
+_PAIR = ("Tensor", "Scalar")
 _BINARY = {
-    "mul": Op.MUL, "maximum": Op.MAXIMUM, "minimum": Op.MINIMUM, "atan2": Op.ATAN2,
-    "fmod": Op.FMOD, "remainder": Op.MOD, "bitwise_and": Op.BITWISE_AND,
-    "bitwise_or": Op.BITWISE_OR, "bitwise_xor": Op.BITWISE_XOR,
-    "bitwise_left_shift": Op.LSHIFT, "bitwise_right_shift": Op.RSHIFT,
-    "logical_and": Op.LOGICAL_AND, "logical_or": Op.LOGICAL_OR, "logical_xor": Op.LOGICAL_XOR,
-    "eq": Op.EQ, "ne": Op.NE, "lt": Op.LT, "le": Op.LE, "gt": Op.GT, "ge": Op.GE,
+    "mul": (Op.MUL, _PAIR), "maximum": (Op.MAXIMUM, ("default",)),
+    "minimum": (Op.MINIMUM, ("default",)), "atan2": (Op.ATAN2, ("default",)),
+    "fmod": (Op.FMOD, _PAIR), "remainder": (Op.MOD, _PAIR), "bitwise_and": (Op.BITWISE_AND, _PAIR),
+    "bitwise_or": (Op.BITWISE_OR, _PAIR), "bitwise_xor": (Op.BITWISE_XOR, _PAIR),
+    "bitwise_left_shift": (Op.LSHIFT, ("Tensor", "Tensor_Scalar")),
+    "bitwise_right_shift": (Op.RSHIFT, ("Tensor", "Tensor_Scalar")),
+    "logical_and": (Op.LOGICAL_AND, ("default",)), "logical_or": (Op.LOGICAL_OR, ("default",)),
+    "logical_xor": (Op.LOGICAL_XOR, ("default",)), "eq": (Op.EQ, _PAIR), "ne": (Op.NE, _PAIR),
+    "lt": (Op.LT, _PAIR), "le": (Op.LE, _PAIR), "gt": (Op.GT, _PAIR), "ge": (Op.GE, _PAIR),
 }
 _BOOL_BITS = {Op.BITWISE_AND: Op.LOGICAL_AND, Op.BITWISE_OR: Op.LOGICAL_OR,
               Op.BITWISE_XOR: Op.LOGICAL_XOR}
@@ -143,8 +150,8 @@ def _binary(op: Op) -> Callable[[Lower, Call], TensorValue]:
     return lower
 
 
-for _name, _op in _BINARY.items():
-    for _overload in ("Tensor", "Scalar", "default"):
+for _name, (_op, _overloads) in _BINARY.items():
+    for _overload in _overloads:
         register(f"aten.{_name}.{_overload}")(_binary(_op))
 
 
@@ -268,8 +275,7 @@ def _hardtanh(ctx: Lower, call: Call) -> TensorValue:
 
 
 @register("aten._to_copy.default", "aten.clone.default", "aten.lift_fresh_copy.default",
-          "aten.detach.default", "aten.contiguous.default", "aten.to.dtype",
-          "aten._to_dim_order_copy.default")
+          "aten.detach.default", "aten.contiguous.default", "aten.to.dtype")
 def _copy(ctx: Lower, call: Call) -> TensorValue:
     x = call.tensor("self")
     return ctx.pointwise(call.meta.shape, call.meta.dtype, call.origin,

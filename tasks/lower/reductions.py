@@ -183,6 +183,8 @@ def _var_mean(ctx: Lower, call: Call) -> tuple[TensorValue, TensorValue]:
 @register("aten.logsumexp.default")
 def _logsumexp(ctx: Lower, call: Call) -> TensorValue:
     x = call.tensor("self")
+    if not x.dtype.is_float:  # integers promote to the default float, as eager does
+        x = to_dtype(ctx, x, call.meta.dtype, call.origin)
     dims = norm_dims(call["dim"], x.ndim)
     (peak,) = reduce_dims(ctx, x, dims, ReduceOp.MAX, call.origin)
     safe = pointwise_of(ctx, peak.shape, peak.dtype, call.origin, [peak], _finite_or_zero)

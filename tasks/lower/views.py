@@ -46,10 +46,14 @@ def _infer_shape(shape: tuple[int, ...], numel: int) -> tuple[int, ...]:
     return tuple(numel // known if s == -1 else s for s in shape)
 
 
-@register("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default",
-          "aten.view_copy.default")
+@register("aten.view.default", "aten._unsafe_view.default", "aten.view_copy.default")
 def _view(ctx: Lower, call: Call) -> TensorValue:
     return reshape(call.tensor("self"), tuple(call["size"]))
+
+
+@register("aten.reshape.default")
+def _reshape(ctx: Lower, call: Call) -> TensorValue:
+    return reshape(call.tensor("self"), tuple(call["shape"]))
 
 
 @register("aten.alias.default", "aten.alias_copy.default", "aten.lift_fresh.default")
@@ -70,7 +74,13 @@ def _permute(ctx: Lower, call: Call) -> TensorValue:
     return permute(call.tensor("self"), list(call["dims"]))
 
 
-@register("aten.transpose.int", "aten.t.default", "aten.numpy_T.default")
+@register("aten.numpy_T.default")
+def _numpy_t(ctx: Lower, call: Call) -> TensorValue:
+    x = call.tensor("self")
+    return permute(x, list(reversed(range(x.ndim))))
+
+
+@register("aten.transpose.int", "aten.t.default")
 def _transpose(ctx: Lower, call: Call) -> TensorValue:
     x = call.tensor("self")
     if x.ndim < 2:
@@ -133,8 +143,10 @@ def _slice(ctx: Lower, call: Call) -> TensorValue:
 
 @register("aten.narrow.default")
 def _narrow(ctx: Lower, call: Call) -> TensorValue:
-    start = call["start"]
-    return slice_dim(call.tensor("self"), call["dim"], start, start + call["length"], 1)
+    x, dim, start = call.tensor("self"), call["dim"], call["start"]
+    if start < 0:  # narrow counts a negative start from the end, as a slice would not at its end
+        start += x.shape[_dim(dim, x.ndim)]
+    return slice_dim(x, dim, start, start + call["length"], 1)
 
 
 @register("aten.select.int", "aten.select_copy.int")

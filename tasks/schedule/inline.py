@@ -76,7 +76,8 @@ def inline_refusal(node: Pointwise, graph: Graph, sites: list[Node], mutated: se
         return "a graph output"
     if name in mutated:
         return "a scatter writes into it"
-    calls = sorted({type(s).__name__.lower() for s in sites if not isinstance(s, Pointwise | Reduction | Scatter)})
+    computed = Pointwise | Reduction | Scatter
+    calls = sorted({type(s).__name__.lower() for s in sites if not isinstance(s, computed)})
     if calls:
         return f"read by a call ({', '.join(calls)}) that needs it in memory"
     cost = body_ops(node.body) * len(sites)

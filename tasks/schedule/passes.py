@@ -78,12 +78,15 @@ def make_step(unit: Unit, stored: set[str], buffers: dict[str, Buffer], label: s
         return KernelStep(kernel.name)
     if isinstance(node, Extern | Fallback):
         return CallStep(node)
+    def sub(graph: Graph, part: str) -> ScheduledGraph:
+        return schedule_graph(graph, f"{label}.{node.origin}.{part}", run)
+
     if isinstance(node, Cond):
-        return CondStep(node.pred, node.operands, schedule_graph(node.then_graph, f"{label}.{node.origin}.then", run),
-                        schedule_graph(node.else_graph, f"{label}.{node.origin}.else", run), node.outs, node.origin)
+        return CondStep(node.pred, node.operands, sub(node.then_graph, "then"), sub(node.else_graph, "else"),
+                        node.outs, node.origin)
     assert isinstance(node, While)
-    return WhileStep(node.carried, node.extra, schedule_graph(node.cond_graph, f"{label}.{node.origin}.cond", run),
-                     schedule_graph(node.body_graph, f"{label}.{node.origin}.body", run), node.outs, node.origin)
+    return WhileStep(node.carried, node.extra, sub(node.cond_graph, "cond"), sub(node.body_graph, "body"),
+                     node.outs, node.origin)
 
 
 def step_io(step: Step, run: Run) -> tuple[list[str], list[str]]:

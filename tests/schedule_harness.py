@@ -1,0 +1,89 @@
+"""Export a function, lower it, schedule it, and check the result against eager: for tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tasks.ir import serialize
+from tasks.ir.interpret import run_graph
+from tasks.ir.nodes import Graph
+from tasks.ir.oracle import export, flat_outputs, graph_args
+from tasks.ir.verify import verify
+from tasks.lower.program import lower_program
+from tasks.schedule import model
+from tasks.schedule.model import CallStep, KernelStep, Schedule, ScheduledGraph
+from tasks.schedule.passes import schedule_program
+from tasks.schedule.run import run_schedule
+
+
+@dataclass
+class Compiled:
+    graph: Graph
+    schedule: Schedule
+    dumps: dict[str, str]
+
+    @property
+    def kernels(self) -> int:
+        return len(self.schedule.kernels)
+
+    @property
+    def calls(self) -> int:
+        return sum(isinstance(s, CallStep) for s in self.schedule.main.steps)
+
+    def launches(self) -> list[str]:
+        return [s.kernel for s in self.schedule.main.steps if isinstance(s, KernelStep)]
+
+
+def compile_fn(fn: Callable[..., Any] | torch.nn.Module, *inputs: torch.Tensor,
+               rtol: float = 1e-4, atol: float = 1e-5) -> Compiled:
+    """Lower and schedule fn; check both the lowered graph and the schedule against eager."""
+    program = export(fn, inputs)
+    graph = lower_program(program, {})
+    verify(graph)
+    schedule, dumps = schedule_program(graph)
+    assert serialize.loads(serialize.dumps(graph)) == graph
+    assert model.dumps(model.schedule_from(_json(model.dumps(schedule)))) == model.dumps(schedule)
+    args = graph_args(graph, program, inputs)
+    with torch.no_grad():
+        want = [t.contiguous() for t in flat_outputs(fn(*inputs))]
+    for got in (run_graph(graph, args), run_schedule(schedule, args)):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    return Compiled(graph, schedule, dumps)
+
+
+def _json(data: bytes) -> Any:
+    import json
+
+    return json.loads(data)
+
+
+def arena_overlaps(g: ScheduledGraph, schedule: Schedule) -> list[str]:
+    """Pairs of arena buffers that are live at the same step yet share bytes (should be none)."""
+    from tasks.schedule.passes import Run, step_io
+
+    run = Run(kernels=list(schedule.kernels))
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, step in enumerate(g.steps):
+        reads, writes = step_io(step, run)
+        for name in writes:
+            first.setdefault(name, i)
+            last.setdefault(name, i)
+        for name in reads:
+            last[name] = i
+    offsets = dict(g.arena)
+    sizes = {b.name: b.nbytes for b in g.buffers}
+    names = sorted(offsets)
+    bad = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            live = first[a] <= last[b] and first[b] <= last[a]
+            share = offsets[a] < offsets[b] + sizes[b] and offsets[b] < offsets[a] + sizes[a]
+            if live and share and sizes[a] and sizes[b]:
+                bad.append(f"{a} and {b}")
+    return bad

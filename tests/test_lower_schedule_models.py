@@ -1,0 +1,66 @@
+"""Every reference config lowers and schedules through the real stages, and the IR interpreter,
+run on the lowered graph and on the schedule (arena and all), matches eager PyTorch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pipeline.build import Cache, compile_model
+from pipeline.config import load_config
+from pipeline.runner import BuildOptions
+from tasks.ir import serialize
+from tasks.ir.interpret import run_graph
+from tasks.ir.nodes import BufferKind, Graph
+from tasks.ir.oracle import flat_outputs
+from tasks.ir.verify import verify
+from tasks.schedule import model
+from tasks.schedule.run import run_schedule
+
+MODELS = ["mlp", "convnet", "cond", "while", "bert-small", "gpt2-small", "bert", "gpt2", "resnet18"]
+_PACKAGES = {"bert": "transformers", "gpt2": "transformers", "resnet18": "torchvision"}
+
+
+def _needs(name: str) -> None:
+    for prefix, package in _PACKAGES.items():
+        if name.startswith(prefix) and importlib.util.find_spec(package) is None:
+            pytest.skip(f"{name} needs {package}, which is not installed here")
+
+
+def _args(graph: Graph, inputs: tuple[torch.Tensor, ...], weights: dict[str, torch.Tensor]) -> dict[str, Any]:
+    user = iter(inputs)
+    return {b.name: weights[b.weight] if b.kind is BufferKind.WEIGHT else next(user) for b in graph.inputs}
+
+
+def _close(got: list[torch.Tensor], want: list[torch.Tensor], what: str) -> None:
+    assert len(got) == len(want), what
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_reference_model_lowers_schedules_and_matches_eager(name: str, cache: Cache, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from tasks.trace.factory import build_model, example_inputs
+
+    _needs(name)
+    config = load_config(name)
+    result = compile_model(config, BuildOptions("cpu", tmp_path / name, until="schedule"), cache)
+    assert [r.status for r in result.rows[:3]] == ["ran", "ran", "ran"]
+    graph = serialize.loads(result.entries["lower"].file("ir.json").read_bytes())
+    verify(graph)
+    schedule = model.schedule_from(json.loads(result.entries["schedule"].file("schedule.json").read_bytes()))
+    weights = load_file(result.entries["trace"].file("weights.safetensors"))
+    inputs = example_inputs(config.field("inputs"), config.field("weights.seed"))
+    module = build_model(config.fields, name, config.project_root)
+    with torch.no_grad():
+        want = [t.contiguous() for t in flat_outputs(module(*inputs))]
+    args = _args(graph, inputs, weights)
+    _close(run_graph(graph, args), want, f"{name}: lowered graph")
+    _close(run_schedule(schedule, args), want, f"{name}: schedule")

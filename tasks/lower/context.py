@@ -30,7 +30,11 @@ from tasks.lower.values import Loop, TensorValue
 
 
 class LoweringError(Exception):
-    """A graph kiln cannot express; the message says what and why."""
+    """A graph kiln cannot express; the message says what and why, the hint what to do."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint or "kiln's lowering table (tasks/lower/) cannot express this yet"
 
 
 @dataclass(frozen=True)

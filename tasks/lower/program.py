@@ -105,7 +105,7 @@ class GraphLowering:
             return self._lower(node, name)
         except LoweringError as err:
             raise LoweringError(f"{err}\n  while lowering {name} (node {node.name})"
-                                f"{self.source(node.name)}") from None
+                                f"{self.source(node.name)}", err.hint) from None
 
     def _lower(self, node: fx.Node, name: str) -> Any:
         meta = out_meta(node.meta.get("val"), f"{name} (node {node.name})")

@@ -25,16 +25,50 @@ def run(job: StageJob) -> Mapping[str, Any]:
     source_map = _source_map(program_path)
     from tasks.trace.program import load_program
 
-    program = load_program(program_path)
     try:
-        graph = lower_program(program, source_map)
+        check_targets(json.loads(program_path.read_text()), source_map)
+        graph = lower_program(load_program(program_path), source_map)
     except LoweringError as err:
-        raise KilnError(f"model {job.model!r}: {err}",
-                        "kiln's lowering table (tasks/lower/) has no way to express this") from None
+        raise KilnError(f"model {job.model!r}: {err}", err.hint) from None
     out = job.out_dir
     (out / IR).write_bytes(serialize.dumps(graph))
     (out / IR_TEXT).write_text(graph_text(graph))
     return summary(graph)
+
+
+def check_targets(data: Any, source_map: Mapping[str, str]) -> None:
+    """Every op the program calls must resolve: an op from a library that is not loaded cannot
+    be lowered or called, and torch's deserializer would only say so in a long trace."""
+    import torch
+
+    for node in _program_nodes(data):
+        target = str(node.get("target", ""))
+        if not target.startswith("torch.ops."):
+            continue
+        try:
+            namespace, name, overload = target.removeprefix("torch.ops.").split(".")
+            getattr(getattr(getattr(torch.ops, namespace), name), overload)
+        except (AttributeError, ValueError, RuntimeError):
+            line = source_map.get(node.get("name", ""), "")
+            where = f"\n  at {line}" if line else ""
+            raise LoweringError(f"{target.removeprefix('torch.ops.')} has no lowering and no aten fallback: "
+                                f"the library that defines it is not loaded{where}",
+                                "write the op with aten ops, or register a lowering for it in tasks/lower/"
+                                ) from None
+
+
+def _program_nodes(value: Any) -> list[dict[str, Any]]:
+    """Every node of the serialized program, subgraphs included."""
+    found: list[dict[str, Any]] = []
+    if isinstance(value, dict):
+        if "target" in value and "inputs" in value:
+            found.append(value)
+        for item in value.values():
+            found += _program_nodes(item)
+    elif isinstance(value, list):
+        for item in value:
+            found += _program_nodes(item)
+    return found
 
 
 def _source_map(program: Path) -> dict[str, str]:

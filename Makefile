@@ -7,7 +7,7 @@ MODEL ?= mlp
 KILN_FLAGS ?=
 TARGET_FLAG := $(if $(TARGET),--target $(TARGET),)
 
-.PHONY: compile test lint typecheck pytest test-gpu bench-recompile clean env
+.PHONY: compile test lint typecheck pytest test-gpu bench-recompile bench-lower-schedule clean env
 
 env: $(VENV)/.ready
 
@@ -28,6 +28,9 @@ test-gpu:
 
 bench-recompile: $(VENV)/.ready
 	$(PY) bench/recompile.py $(MODEL)
+
+bench-lower-schedule: $(VENV)/.ready
+	$(PY) bench/lower_schedule.py $(MODEL)
 
 clean:
 	rm -rf build

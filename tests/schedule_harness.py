@@ -15,9 +15,10 @@ from tasks.ir.oracle import export, flat_outputs, graph_args
 from tasks.ir.verify import verify
 from tasks.lower.program import lower_program
 from tasks.schedule import model
-from tasks.schedule.model import CallStep, KernelStep, Schedule, ScheduledGraph
+from tasks.schedule.model import CallStep, KernelStep, Schedule
 from tasks.schedule.passes import schedule_program
 from tasks.schedule.run import run_schedule
+from tasks.schedule.verify import verify_schedule
 
 
 @dataclass
@@ -45,6 +46,7 @@ def compile_fn(fn: Callable[..., Any] | torch.nn.Module, *inputs: torch.Tensor,
     graph = lower_program(program, {})
     verify(graph)
     schedule, dumps = schedule_program(graph)
+    verify_schedule(schedule)
     assert serialize.loads(serialize.dumps(graph)) == graph
     assert model.dumps(model.schedule_from(_json(model.dumps(schedule)))) == model.dumps(schedule)
     args = graph_args(graph, program, inputs)
@@ -60,30 +62,3 @@ def _json(data: bytes) -> Any:
     import json
 
     return json.loads(data)
-
-
-def arena_overlaps(g: ScheduledGraph, schedule: Schedule) -> list[str]:
-    """Pairs of arena buffers that are live at the same step yet share bytes (should be none)."""
-    from tasks.schedule.passes import Run, step_io
-
-    run = Run(kernels=list(schedule.kernels))
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for i, step in enumerate(g.steps):
-        reads, writes = step_io(step, run)
-        for name in writes:
-            first.setdefault(name, i)
-            last.setdefault(name, i)
-        for name in reads:
-            last[name] = i
-    offsets = dict(g.arena)
-    sizes = {b.name: b.nbytes for b in g.buffers}
-    names = sorted(offsets)
-    bad = []
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            live = first[a] <= last[b] and first[b] <= last[a]
-            share = offsets[a] < offsets[b] + sizes[b] and offsets[b] < offsets[a] + sizes[a]
-            if live and share and sizes[a] and sizes[b]:
-                bad.append(f"{a} and {b}")
-    return bad

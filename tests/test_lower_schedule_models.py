@@ -21,6 +21,7 @@ from tasks.ir.oracle import flat_outputs
 from tasks.ir.verify import verify
 from tasks.schedule import model
 from tasks.schedule.run import run_schedule
+from tasks.schedule.verify import verify_schedule
 
 MODELS = ["mlp", "convnet", "cond", "while", "bert-small", "gpt2-small", "bert", "gpt2", "resnet18"]
 _PACKAGES = {"bert": "transformers", "gpt2": "transformers", "resnet18": "torchvision"}
@@ -56,6 +57,7 @@ def test_reference_model_lowers_schedules_and_matches_eager(name: str, cache: Ca
     graph = serialize.loads(result.entries["lower"].file("ir.json").read_bytes())
     verify(graph)
     schedule = model.schedule_from(json.loads(result.entries["schedule"].file("schedule.json").read_bytes()))
+    verify_schedule(schedule)
     weights = load_file(result.entries["trace"].file("weights.safetensors"))
     inputs = example_inputs(config.field("inputs"), config.field("weights.seed"))
     module = build_model(config.fields, name, config.project_root)

@@ -41,19 +41,34 @@ def common_dtype(*operands: Operand) -> DType:
     return dtype_of(result)
 
 
-def operand(v: Operand, loop_load: Callable[[TensorValue], Expr], dtype: DType) -> Expr:
+def operand(v: Operand, loop_load: Callable[[TensorValue], Expr], dtype: DType,
+            storage: DType | None = None) -> Expr:
+    """A tensor loaded, or a Python scalar as `storage` holds it, in the compute type `dtype`."""
     if isinstance(v, TensorValue):
         return cast(loop_load(v), dtype)
-    return const(v, dtype)
+    return const(stored(v, storage or dtype), dtype)
+
+
+# Note: eager casts a Python scalar operand to the op's common dtype before computing, so with
+# fp16/bf16 tensors `x == 0.1` compares against fp16(0.1), and `x % 0.1` divides by it. Only
+# the value is rounded here; it is still computed with in fp32. (CPU mul and div keep such a
+# scalar at full precision; rounding it moves their results by an ulp at most.)
+def stored(value: bool | int | float, dtype: DType) -> bool | int | float:
+    """value rounded to dtype where dtype stores less than it computes with (fp16, bf16)."""
+    if isinstance(value, bool) or not dtype.is_float or dtype.compute is dtype:
+        return value
+    from tasks.ir.interpret import torch_dtype
+
+    return float(torch.tensor(value, dtype=torch_dtype(dtype)))
 
 
 def map_pointwise(ctx: Lower, call: Call, operands: list[Operand], combine: Combine,
                   compute: DType | None = None) -> TensorValue:
     meta = call.meta
-    dtype = (compute or common_dtype(*operands)).compute
+    common = compute or common_dtype(*operands)
 
     def body(loop: Any) -> Expr:
-        return combine([operand(v, loop.broadcast_load, dtype) for v in operands])
+        return combine([operand(v, loop.broadcast_load, common.compute, common) for v in operands])
 
     return ctx.pointwise(meta.shape, meta.dtype, call.origin, body)
 

@@ -101,7 +101,9 @@ def _max_dim(ctx: Lower, call: Call) -> tuple[TensorValue, TensorValue]:
     dims = norm_dims(call["dim"], x.ndim)
     is_max = call.target.split(".")[1] == "max"
     (values,) = reduce_dims(ctx, x, dims, ReduceOp.MAX if is_max else ReduceOp.MIN, call.origin)
-    (indices,) = reduce_dims(ctx, x, dims, ReduceOp.ARGMAX if is_max else ReduceOp.ARGMIN, call.origin)
+    as_int = _as(DType.I64) if x.dtype is DType.BOOL else None  # argmax of bools: of 0s and 1s
+    (indices,) = reduce_dims(ctx, x, dims, ReduceOp.ARGMAX if is_max else ReduceOp.ARGMIN, call.origin,
+                             as_int)
     values = to_dtype(ctx, values, x.dtype, call.origin)
     return (keep(values, x.shape, dims, call["keepdim"]), keep(indices, x.shape, dims, call["keepdim"]))
 

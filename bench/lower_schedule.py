@@ -46,16 +46,16 @@ def main(model: str) -> dict[str, Any]:
             for stage, values in seconds.items():
                 values.append(found[stage]["seconds"])
         again = rows(kiln(["compile", model, "--until", "schedule"], cache, one_core=True))
-        result = {
+        lower_s, schedule_s = statistics.median(seconds["lower"]), statistics.median(seconds["schedule"])
+        return {
             "model": model,
             "one_core": True,
-            "lower_s": statistics.median(seconds["lower"]),
-            "schedule_s": statistics.median(seconds["schedule"]),
+            "lower_s": lower_s,
+            "schedule_s": schedule_s,
+            "lower_plus_schedule_s": round(lower_s + schedule_s, 3),
             "rerun_statuses": {s: again[s]["status"] for s in ("trace", "lower", "schedule")},
             "notes": {s: again[s]["note"] for s in ("lower", "schedule")},
         }
-        result["lower_plus_schedule_s"] = result["lower_s"] + result["schedule_s"]
-        return result
 
 
 if __name__ == "__main__":

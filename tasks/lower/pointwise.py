@@ -51,7 +51,7 @@ def operand(v: Operand, loop_load: Callable[[TensorValue], Expr], dtype: DType,
 
 # Note: eager casts a Python scalar operand to the op's common dtype before computing, so with
 # fp16/bf16 tensors `x == 0.1` compares against fp16(0.1), and `x % 0.1` divides by it. Only
-# the value is rounded here; it is still computed with in fp32. (CPU mul and div keep such a
+# the value is rounded here; the arithmetic still runs in fp32. (CPU mul and div keep such a
 # scalar at full precision; rounding it moves their results by an ulp at most.)
 def stored(value: bool | int | float, dtype: DType) -> bool | int | float:
     """value rounded to dtype where dtype stores less than it computes with (fp16, bf16)."""

@@ -46,9 +46,10 @@ def check_targets(data: Any, source_map: Mapping[str, str]) -> None:
         if not target.startswith("torch.ops."):
             continue
         try:
-            namespace, name, overload = target.removeprefix("torch.ops.").split(".")
-            getattr(getattr(getattr(torch.ops, namespace), name), overload)
-        except (AttributeError, ValueError, RuntimeError):
+            found: Any = torch.ops
+            for part in target.removeprefix("torch.ops.").split("."):
+                found = getattr(found, part)
+        except (AttributeError, RuntimeError):
             line = source_map.get(node.get("name", ""), "")
             where = f"\n  at {line}" if line else ""
             raise LoweringError(f"{target.removeprefix('torch.ops.')} has no lowering and no aten fallback: "

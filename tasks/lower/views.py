@@ -144,7 +144,7 @@ def _slice(ctx: Lower, call: Call) -> TensorValue:
 @register("aten.narrow.default")
 def _narrow(ctx: Lower, call: Call) -> TensorValue:
     x, dim, start = call.tensor("self"), call["dim"], call["start"]
-    if start < 0:  # narrow counts a negative start from the end, as a slice would not at its end
+    if start < 0:  # counts from the end; as a slice, start:start+length is empty once it reaches 0
         start += x.shape[_dim(dim, x.ndim)]
     return slice_dim(x, dim, start, start + call["length"], 1)
 

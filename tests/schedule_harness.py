@@ -11,7 +11,7 @@ import torch
 from tasks.ir import serialize
 from tasks.ir.interpret import run_graph
 from tasks.ir.nodes import Graph
-from tasks.ir.oracle import export, flat_outputs, graph_args
+from tasks.ir.oracle import export, flat_outputs, graph_args, program_data
 from tasks.ir.verify import verify
 from tasks.lower.program import lower_program
 from tasks.schedule import model
@@ -43,7 +43,7 @@ def compile_fn(fn: Callable[..., Any] | torch.nn.Module, *inputs: torch.Tensor,
                rtol: float = 1e-4, atol: float = 1e-5) -> Compiled:
     """Lower and schedule fn; check both the lowered graph and the schedule against eager."""
     program = export(fn, inputs)
-    graph = lower_program(program, {})
+    graph = lower_program(program_data(program), {})
     verify(graph)
     schedule, dumps = schedule_program(graph)
     verify_schedule(schedule)

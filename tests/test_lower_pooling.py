@@ -284,12 +284,13 @@ class Pools(torch.nn.Module):
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_exported_module() -> None:
+    from tasks.ir.oracle import program_data
     from tasks.lower.program import lower_program
     from tasks.trace.export import decomposition_table
 
     x = randn(2, 3, 7, 7)
     ep = torch.export.export(Pools(), (x,), strict=False).run_decompositions(decomposition_table())
-    graph = lower_program(ep, {})
+    graph = lower_program(program_data(ep), {})
     verify(graph)
     assert not any(isinstance(n, Fallback) for n in graph.nodes)
     (name,) = [b.name for b in graph.inputs]

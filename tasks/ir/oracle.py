@@ -41,6 +41,16 @@ class _Wrap(torch.nn.Module):
         return self.fn(*args)
 
 
+def program_data(program: torch.export.ExportedProgram) -> dict[str, Any]:
+    """The program as trace writes it to program.json, parsed: what lower reads."""
+    import json
+
+    from tasks.trace.export import program_json
+
+    data: dict[str, Any] = json.loads(program_json(program))
+    return data
+
+
 def flat_outputs(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]

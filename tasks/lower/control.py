@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import fx
-
 from tasks.ir.nodes import Buffer, BufferKind, Cond, Graph, View, While, contiguous_strides
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.registry import register
@@ -27,14 +25,15 @@ def operand_view(ctx: Lower, value: Any, origin: str) -> View:
     return view
 
 
-def lower_subgraph(ctx: Lower, call: Call, gm: fx.GraphModule, operands: list[View]) -> Graph:
+def lower_subgraph(ctx: Lower, call: Call, subgraph: Any, operands: list[View]) -> Graph:
+    """subgraph: a serialized higher-order op argument, {"graph": ..., "name": ...}."""
     from tasks.lower.program import GraphLowering
 
     inputs = [Buffer(ctx.name(), v.shape, contiguous_strides(v.shape), v.dtype, ctx.device, BufferKind.INPUT)
               for v in operands]
     sub = Lower(ctx.device, ctx.prefix, [], ctx.counter)
     parent: GraphLowering = call.args["lowering"]
-    return GraphLowering(sub, parent.source).run(gm, inputs)
+    return GraphLowering(sub, parent.source).run(subgraph["graph"], inputs)
 
 
 def _outs(ctx: Lower, call: Call) -> tuple[Buffer, ...]:
@@ -44,7 +43,7 @@ def _outs(ctx: Lower, call: Call) -> tuple[Buffer, ...]:
     return tuple(ctx.new_buffer(m.shape, m.dtype) for m in metas if isinstance(m, OutMeta))
 
 
-@register("cond")
+@register("higher_order.cond")
 def _cond(ctx: Lower, call: Call) -> tuple[TensorValue, ...]:
     pred, then_gm, else_gm, operands = call.args["args"][:4]
     if not isinstance(pred, TensorValue):
@@ -58,7 +57,7 @@ def _cond(ctx: Lower, call: Call) -> tuple[TensorValue, ...]:
     return tuple(TensorValue.of(b) for b in outs)
 
 
-@register("while_loop")
+@register("higher_order.while_loop")
 def _while(ctx: Lower, call: Call) -> tuple[TensorValue, ...]:
     cond_gm, body_gm, carried, extra = call.args["args"][:4]
     carried_views = [operand_view(ctx, v, call.origin) for v in carried]

@@ -1,4 +1,4 @@
-"""From an exported program to an IR graph: walk the FX graph, lower each call through the table.
+"""From an exported program to an IR graph: walk its nodes, lower each call through the table.
 
 Placeholders become INPUT buffers (user inputs) or WEIGHT buffers (parameters, buffers,
 constants, named by their entry in the weights file); each call goes through its lowering, or
@@ -7,18 +7,19 @@ through the aten fallback when the table has none; outputs are made real buffers
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from torch import fx
 
 from tasks.ir.dtypes import BY_TORCH_NAME, DType
 from tasks.ir.nodes import Buffer, BufferKind, Graph
+from tasks.lower import serialized as ser
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.registry import LOWERINGS, lower_fallback
 from tasks.lower.values import TensorValue
+
+Json = dict[str, Any]
 
 
 def dtype_of(t: torch.dtype) -> DType:
@@ -66,60 +67,58 @@ def bind(target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[
 
 
 class GraphLowering:
-    """Lowers one FX graph (the main one or a subgraph) into `ctx`."""
+    """Lowers one serialized graph (the main one or a subgraph) into `ctx`."""
 
     def __init__(self, ctx: Lower, source: Callable[[str], str]) -> None:
         self.ctx = ctx
         self.source = source
         self.env: dict[str, Any] = {}
 
-    def run(self, gm: fx.GraphModule, inputs: list[Buffer]) -> Graph:
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        for node, buf in zip(placeholders, inputs, strict=True):
-            self.env[node.name] = TensorValue.of(buf)
-        outputs: list[Any] = []
-        for node in gm.graph.nodes:
-            if node.op == "call_function":
-                self.env[node.name] = self.call(node)
-            elif node.op == "get_attr":
-                self.env[node.name] = getattr(gm, str(node.target))
-            elif node.op == "output":
-                result = node.args[0]
-                outputs = list(result) if isinstance(result, list | tuple) else [result]
-        names = self.finish_outputs([self.value(o) for o in outputs])
+    def run(self, graph: Json, inputs: list[Buffer]) -> Graph:
+        names = [ser.decode(arg, lambda name: name) for arg in graph["inputs"]]
+        for name, buf in zip(names, inputs, strict=True):
+            self.env[name] = TensorValue.of(buf)
+        for node in graph["nodes"]:
+            self.call(node, graph["tensor_values"])
+        outputs = [ser.decode(arg, self.tensor) for arg in graph["outputs"]]
+        names = self.finish_outputs(outputs)  # may add copies: before the nodes are taken
         return Graph(tuple(inputs), tuple(self.ctx.nodes), names)
 
-    def value(self, arg: Any) -> Any:
-        if isinstance(arg, fx.Node):
-            return self.env[arg.name]
-        if isinstance(arg, list | tuple):
-            return type(arg)(self.value(a) for a in arg)
-        return arg
+    def tensor(self, name: str) -> Any:
+        return self.env[name]
 
-    def call(self, node: fx.Node) -> Any:
-        if node.target is operator.getitem:
-            seq, i = self.value(node.args[0]), node.args[1]
-            return seq[i]
-        name = target_name(node.target)
+    def call(self, node: Json, values: Json) -> None:
+        name = str(node["target"]).removeprefix("torch.ops.")
         try:
-            return self._lower(node, name)
+            outs = ser.output_names(node)
+            result = self._lower(node, name, ser.output_meta(values, outs))
         except LoweringError as err:
-            raise LoweringError(f"{err}\n  while lowering {name} (node {node.name})"
-                                f"{self.source(node.name)}", err.hint) from None
+            raise LoweringError(f"{err}\n  while lowering {name} (node {node['name']})"
+                                f"{self.source(node['name'])}", err.hint) from None
+        self._bind_results(outs, result)
 
-    def _lower(self, node: fx.Node, name: str) -> Any:
-        meta = out_meta(node.meta.get("val"), f"{name} (node {node.name})")
+    def _lower(self, node: Json, name: str, meta: Any) -> Any:
         fn = LOWERINGS.get(name)
-        if isinstance(node.target, torch._ops.HigherOrderOperator):
+        args = [(i["name"], ser.decode(i["arg"], self.tensor)) for i in node["inputs"]]
+        if name.startswith("higher_order."):
             if fn is None:
                 raise LoweringError(f"{name} has no lowering (a higher-order op)")
-            args = {"args": self.value(node.args), "kwargs": self.value(node.kwargs), "lowering": self}
-            return fn(self.ctx, Call(name, node.name, args, meta))
-        if not isinstance(node.target, torch._ops.OpOverload):
-            raise LoweringError(f"{name} is not an aten op, and kiln can only compile or call aten ops")
-        args = bind(node.target, self.value(node.args), self.value(node.kwargs))
-        call = Call(name, node.name, args, meta)
+            call = Call(name, node["name"], {"args": [v for _, v in args], "lowering": self}, meta)
+            return fn(self.ctx, call)
+        target = resolve(name)
+        call = Call(name, node["name"], bind(target, (), dict(args)), meta)
         return (fn or lower_fallback)(self.ctx, call)
+
+    def _bind_results(self, outs: list[str | list[str] | None], result: Any) -> None:
+        if len(outs) == 1 and isinstance(outs[0], list):
+            results = [result]  # one Tensor[] output (split): a list bound to a list of names
+        else:
+            results = list(result) if isinstance(result, tuple | list) else [result]
+        for name, value in zip(outs, results, strict=False):
+            if isinstance(name, list):
+                self.env.update(zip(name, value, strict=True))
+            elif name is not None:
+                self.env[name] = value
 
     def finish_outputs(self, values: list[Any]) -> tuple[str, ...]:
         """Every output a buffer this graph computed, each named once."""
@@ -134,6 +133,22 @@ class GraphLowering:
         return tuple(names)
 
 
+def resolve(name: str) -> Any:
+    """The OpOverload for "aten.add.Tensor"; a clear error for an op torch does not know."""
+    found: Any = torch.ops
+    try:
+        for part in name.split("."):
+            found = getattr(found, part)
+    except (AttributeError, RuntimeError):
+        raise LoweringError(f"{name} has no lowering and no aten fallback: the library that "
+                            "defines it is not loaded",
+                            "write the op with aten ops, or register a lowering for it in tasks/lower/",
+                            ) from None
+    if not isinstance(found, torch._ops.OpOverload):
+        raise LoweringError(f"{name} is not an aten op, and kiln can only compile or call aten ops")
+    return found
+
+
 def target_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
@@ -142,27 +157,34 @@ def target_name(target: Any) -> str:
     return getattr(target, "__name__", str(target))
 
 
-def lower_program(ep: torch.export.ExportedProgram, source_map: Mapping[str, str]) -> Graph:
-    sig = ep.graph_signature
-    if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
+def lower_program(program: Json, source_map: Mapping[str, str]) -> Graph:
+    """program: trace's program.json, parsed."""
+    module = program["graph_module"]
+    graph, signature = module["graph"], module["signature"]
+    mutations = ("buffer_mutation", "user_input_mutation")
+    if any(k in spec for spec in signature["output_specs"] for k in mutations):
         raise LoweringError("the model mutates its buffers or inputs in forward(); kiln compiles "
                             "inference graphs: call model.eval() and avoid in-place updates of state")
-    weights = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
-    inputs = [placeholder_buffer(n, weights.get(n.name, "")) for n in ep.graph.nodes if n.op == "placeholder"]
+    inputs = [_placeholder(spec, graph["tensor_values"]) for spec in signature["input_specs"]]
     device = inputs[0].device if inputs else "cpu"
 
     def source(node: str) -> str:
         line = source_map.get(node)
         return f"\n  at {line}" if line else ""
 
-    return GraphLowering(Lower(device), source).run(ep.graph_module, inputs)
+    return GraphLowering(Lower(device), source).run(graph, inputs)
 
 
-def placeholder_buffer(node: fx.Node, weight: str) -> Buffer:
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        raise LoweringError(f"input {node.name!r} is {type(val).__name__}; kiln compiles tensor inputs only")
-    shape = static_shape(val.shape, f"input {node.name!r}")
-    stride = static_shape(val.stride(), f"input {node.name!r}")
-    kind = BufferKind.WEIGHT if weight else BufferKind.INPUT
-    return Buffer(node.name, shape, stride, dtype_of(val.dtype), val.device.type, kind, weight)
+_WEIGHT_NAMES = {"parameter": "parameter_name", "buffer": "buffer_name",
+                 "tensor_constant": "tensor_constant_name"}
+
+
+def _placeholder(spec: Json, values: Json) -> Buffer:
+    kind, body = next(iter(spec.items()))
+    if kind == "user_input":
+        if "as_tensor" not in body["arg"]:
+            raise LoweringError(f"input {body['arg']} is not a tensor; kiln compiles tensor inputs only")
+        return ser.input_buffer(values, body["arg"]["as_tensor"]["name"], BufferKind.INPUT)
+    if kind in _WEIGHT_NAMES:
+        return ser.input_buffer(values, body["arg"]["name"], BufferKind.WEIGHT, body[_WEIGHT_NAMES[kind]])
+    raise LoweringError(f"a {kind} input is not supported")

@@ -15,6 +15,7 @@ from cache.hashing import canonical_json
 from tasks.ir.dtypes import TORCH_NAMES
 from tasks.ir.nodes import Fallback, View
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
+from tasks.lower.serialized import TorchEnum
 from tasks.lower.values import TensorValue
 
 Lowering = Callable[[Lower, Call], Any]
@@ -50,6 +51,14 @@ def lower_fallback(ctx: Lower, call: Call) -> Any:  # TensorValue or a tuple of 
     return values if isinstance(call.out, tuple) else values[0]
 
 
+def _encode_enum(value: TorchEnum) -> Any:
+    if value.kind == "dtype":
+        return {"dtype": next(k.value for k, v in TORCH_NAMES.items() if v == value.name)}
+    if value.kind == "device":
+        return {"device": value.name}
+    return {"enum": f"torch.{value.name}"}
+
+
 def _resolvable(target: str) -> bool:
     try:
         namespace, name, overload = target.split(".")
@@ -67,6 +76,8 @@ def _encode(value: Any, ctx: Lower, call: Call, views: list[View]) -> Any:
         return [_encode(v, ctx, call, views) for v in value]
     if isinstance(value, float):
         return {"float": value.hex()}
+    if isinstance(value, TorchEnum):
+        return _encode_enum(value)
     if isinstance(value, torch.dtype):
         name = str(value).removeprefix("torch.")
         return {"dtype": next(k.value for k, v in TORCH_NAMES.items() if v == name)}

@@ -23,11 +23,10 @@ PROGRAM = "trace/program.json"
 def run(job: StageJob) -> Mapping[str, Any]:
     program_path = job.input(PROGRAM)
     source_map = _source_map(program_path)
-    from tasks.trace.program import load_program
-
+    program = json.loads(program_path.read_text())
     try:
-        check_targets(json.loads(program_path.read_text()), source_map)
-        graph = lower_program(load_program(program_path), source_map)
+        check_targets(program, source_map)
+        graph = lower_program(program, source_map)
     except LoweringError as err:
         raise KilnError(f"model {job.model!r}: {err}", err.hint) from None
     out = job.out_dir

@@ -108,6 +108,23 @@ def test_arena_reuses_memory_and_never_overlaps_live_buffers() -> None:
     assert arena_overlaps(main, Run(kernels=list(c.schedule.kernels))) == []
 
 
+def test_identical_layers_share_kernel_keys() -> None:
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(33, 33)
+            self.norm = torch.nn.LayerNorm(33)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(x + F.gelu(self.fc(x)))
+
+    model = torch.nn.Sequential(*(Block() for _ in range(3)))
+    c = compile_fn(model, X)
+    keys = [k.key for k in c.schedule.kernels]
+    assert len(keys) == 3  # per layer: gelu, residual add and layer norm in one kernel
+    assert len(set(keys)) == 1
+
+
 def test_cond_and_while_bodies_are_scheduled_like_the_main_graph() -> None:
     from models.control import build_cond, build_while
 

@@ -45,6 +45,12 @@ def _full_vars(unit: Unit, node: KernelNode) -> dict[str, str]:
     return {f"i{n + k}": f"r{k}" for k in range(len(unit.reduce))}
 
 
+def param_spec(b: Buffer, name: str) -> Buffer:
+    """The buffer as a kernel sees it: layout and dtype only, so a kernel reading layer 3's
+    weights has the same key as the one reading layer 4's."""
+    return Buffer(name, b.shape, b.stride, b.dtype, b.device)
+
+
 def make_kernel(unit: Unit, name: str, stored: set[str], buffers: dict[str, Buffer]) -> Kernel:
     names = Names()
     nodes: list[KernelNode] = []
@@ -55,11 +61,11 @@ def make_kernel(unit: Unit, name: str, stored: set[str], buffers: dict[str, Buff
         for buf in _reads(node):
             if buf not in unit.writes and buf not in names.map:
                 spec = buffers[buf]
-                params.append(Param(names.give(buf, "in"), buf, "in", replace(spec, name=names.map[buf])))
+                params.append(Param(names.give(buf, "in"), buf, "in", param_spec(spec, names.map[buf])))
         if isinstance(node, Scatter):
             target = buffers[node.target]
             params.append(Param(names.give(node.target, "out"), node.target, "inout",
-                                replace(target, name=names.map[node.target])))
+                                param_spec(target, names.map[node.target])))
         for b in (node.outs if not isinstance(node, Scatter) else ()):
             kind = "out" if b.name in stored else "tmp"
             renamed = replace(b, name=names.give(b.name, kind))

@@ -50,7 +50,7 @@ def stats(schedule: Schedule) -> dict[str, Any]:
     arena = sum(g.arena_bytes for g in graphs)
     total = sum(b.nbytes for g in graphs for b in g.buffers if b.name in dict(g.arena))
     unique = len({k.key for k in schedule.kernels})
-    note = f"{len(schedule.kernels)} kernels, {externs} extern"
+    note = f"{len(schedule.kernels)} kernels ({unique} distinct), {externs} extern"
     if fallbacks:
         note += f", {len(fallbacks)} not compiled"
     note += f"; arena {human_bytes(arena)} of {human_bytes(total)}"

@@ -116,7 +116,8 @@ def test_identical_layers_share_kernel_keys() -> None:
             self.norm = torch.nn.LayerNorm(33)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.norm(x + F.gelu(self.fc(x)))
+            out: torch.Tensor = self.norm(x + F.gelu(self.fc(x)))
+            return out
 
     model = torch.nn.Sequential(*(Block() for _ in range(3)))
     c = compile_fn(model, X)

@@ -75,8 +75,8 @@ class GraphLowering:
         self.env: dict[str, Any] = {}
 
     def run(self, graph: Json, inputs: list[Buffer]) -> Graph:
-        names = [ser.decode(arg, lambda name: name) for arg in graph["inputs"]]
-        for name, buf in zip(names, inputs, strict=True):
+        placeholders = [ser.decode(arg, lambda name: name) for arg in graph["inputs"]]
+        for name, buf in zip(placeholders, inputs, strict=True):
             self.env[name] = TensorValue.of(buf)
         for node in graph["nodes"]:
             self.call(node, graph["tensor_values"])

@@ -11,6 +11,7 @@ buffers, since the kernels they call read strides. `Cond` and `While` hold subgr
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -57,10 +58,7 @@ class Buffer:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for size in self.shape:
-            n *= size
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -8,6 +8,7 @@ never copy: they become index expressions in the loads of whoever consumes them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tasks.ir import index as ix
@@ -36,10 +37,7 @@ class TensorValue:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for size in self.shape:
-            n *= size
-        return n
+        return math.prod(self.shape)
 
     @staticmethod
     def of(buffer: Buffer) -> TensorValue:

@@ -101,7 +101,8 @@ def step_io(step: Step, run: Run) -> tuple[list[str], list[str]]:
     return [v.buffer for v in views], [b.name for b in step.outs]
 
 
-def planned(graph: Graph, steps: list[Step], run: Run) -> ScheduledGraph:
+def liveness(steps: tuple[Step, ...] | list[Step], run: Run) -> tuple[dict[str, int], dict[str, int]]:
+    """For each buffer a step writes: the first step writing it and the last step touching it."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for i, step in enumerate(steps):
@@ -111,6 +112,11 @@ def planned(graph: Graph, steps: list[Step], run: Run) -> ScheduledGraph:
             last.setdefault(name, i)
         for name in reads:
             last[name] = i
+    return first, last
+
+
+def planned(graph: Graph, steps: list[Step], run: Run) -> ScheduledGraph:
+    first, last = liveness(steps, run)
     all_buffers = graph.buffers()
     written = [all_buffers[name] for name in first]
     arena = [Interval(b, first[b.name], last[b.name]) for b in written if b.name not in graph.outputs]

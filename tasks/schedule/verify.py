@@ -7,7 +7,7 @@ from tasks.ir.expr import loads, var
 from tasks.ir.nodes import Buffer, Pointwise, Reduction, Scatter
 from tasks.ir.verify import IRError, check_expr
 from tasks.schedule.model import CondStep, Kernel, Schedule, ScheduledGraph, WhileStep
-from tasks.schedule.passes import Run, step_io
+from tasks.schedule.passes import Run, liveness, step_io
 
 
 def verify_schedule(s: Schedule) -> None:
@@ -96,15 +96,7 @@ def _verify_graph(s: Schedule, g: ScheduledGraph, where: str) -> None:
 
 def arena_overlaps(g: ScheduledGraph, run: Run) -> list[str]:
     """Pairs of arena buffers live at the same step that share bytes (there must be none)."""
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for i, step in enumerate(g.steps):
-        reads, writes = step_io(step, run)
-        for name in writes:
-            first.setdefault(name, i)
-            last.setdefault(name, i)
-        for name in reads:
-            last[name] = i
+    first, last = liveness(g.steps, run)
     offsets = dict(g.arena)
     sizes = {b.name: b.nbytes for b in g.buffers}
     names = sorted(offsets)

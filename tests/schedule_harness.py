@@ -54,7 +54,7 @@ def compile_fn(fn: Callable[..., Any] | torch.nn.Module, *inputs: torch.Tensor,
         want = [t.contiguous() for t in flat_outputs(fn(*inputs))]
     for got in (run_graph(graph, args), run_schedule(schedule, args)):
         for a, b in zip(got, want, strict=True):
-            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=True)
     return Compiled(graph, schedule, dumps)
 
 

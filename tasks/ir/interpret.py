@@ -94,8 +94,11 @@ def evaluate(root: Expr, env: Env, ranges: tuple[int, ...], reduce_ranges: tuple
     """root over the domain ranges x reduce_ranges, broadcast to it."""
     variables = loop_vars(ranges, reduce_ranges)
     values: dict[tuple[str, int], torch.Tensor] = {}
+    masks: list[torch.Tensor] = []  # keeps every mask alive, so no id() is reused while we memoize
 
     def go(e: Expr, mask: torch.Tensor | None) -> torch.Tensor:
+        if mask is not None:
+            masks.append(mask)
         memo = (e.key, id(mask))
         if memo not in values:
             values[memo] = _eval_one(e, mask, go, env, variables)

@@ -114,13 +114,12 @@ def _check_view(v: View, known: dict[str, Buffer], where: str) -> None:
     if base is None:
         raise IRError(f"{where}: view of unknown buffer {v.buffer!r}")
     _same(v.dtype, base.dtype, where, f"view of {v.buffer} dtype")
-    if len(v.shape) != len(v.stride):
+    if len(v.shape) != len(v.stride) or any(s < 0 for s in v.stride):
         raise IRError(f"{where}: view of {v.buffer} has shape {v.shape}, stride {v.stride}")
     if any(n == 0 for n in v.shape):
         return
     last = v.offset + sum((n - 1) * s for n, s in zip(v.shape, v.stride, strict=True))
-    first = v.offset + sum((n - 1) * s for n, s in zip(v.shape, v.stride, strict=True) if s < 0)
-    if first < 0 or last * v.dtype.itemsize >= max(base.nbytes, 1):
+    if v.offset < 0 or last * v.dtype.itemsize >= max(base.nbytes, 1):
         raise IRError(f"{where}: view of {v.buffer} reaches outside it")
 
 

@@ -71,6 +71,9 @@ class Lower:
     prefix: str = "buf"
     nodes: list[Node] = field(default_factory=list)
     counter: list[int] = field(default_factory=lambda: [0])  # shared with subgraphs
+    # Buffers whose strides in eager differ from kiln's row-major ones: what as_strided,
+    # which addresses storage, must not assume away.
+    eager_strides: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def name(self) -> str:
         self.counter[0] += 1
@@ -117,8 +120,9 @@ class Lower:
     def view(self, value: TensorValue, origin: str) -> View:
         """A strided view for a call that takes tensors; copies only what strides cannot say."""
         strided = value.strided()
-        if strided is None:
-            strided = self.realize(value, origin).strided()
+        if strided is None or any(s < 0 for s in strided.stride):
+            # Note: a flip has negative strides, which BLAS, aten and as_strided refuse.
+            strided = self.copy(value, origin).strided()
             assert strided is not None
         return strided
 

@@ -208,8 +208,9 @@ def _div(ctx: Lower, call: Call) -> TensorValue:
 
 def rounded_div(a: Expr, b: Expr, mode: str) -> Expr:
     if a.dtype.is_float:
-        q = binary(Op.TRUEDIV, a, b)
-        return unary(Op.FLOOR if mode == "floor" else Op.TRUNC, q)
+        if mode == "floor":
+            return float_floor_div(a, b)
+        return unary(Op.TRUNC, binary(Op.TRUEDIV, a, b))
     q = binary(Op.FLOORDIV, a, b)
     if mode == "floor":
         return q
@@ -219,6 +220,28 @@ def rounded_div(a: Expr, b: Expr, mode: str) -> Expr:
     inexact = binary(Op.NE, binary(Op.MOD, a, b), zero)
     signs = binary(Op.NE, binary(Op.LT, a, zero), binary(Op.LT, b, zero))
     return where(binary(Op.LOGICAL_AND, inexact, signs), binary(Op.ADD, q, const(1, a.dtype)), q)
+
+
+def float_floor_div(a: Expr, b: Expr) -> Expr:
+    """Python's float floor division, as torch computes it (c10 div_floor_floating).
+
+    Note: floor(a / b) is off by one where a / b rounds up onto an integer: 1.0 // 0.1 is 9.0,
+    while floor(1.0 / 0.1) is 10.0. torch divides the exact difference a - fmod(a, b) instead.
+    """
+    def c(value: float) -> Expr:
+        return const(value, a.dtype)
+
+    quotient = binary(Op.TRUEDIV, a, b)
+    rem = binary(Op.FMOD, a, b)
+    div = binary(Op.TRUEDIV, binary(Op.SUB, a, rem), b)
+    opposite = binary(Op.NE, binary(Op.LT, b, c(0.0)), binary(Op.LT, rem, c(0.0)))
+    inexact = binary(Op.LOGICAL_AND, binary(Op.NE, rem, c(0.0)), opposite)
+    div = where(inexact, binary(Op.SUB, div, c(1.0)), div)
+    floor = unary(Op.FLOOR, div)
+    floor = where(binary(Op.GT, binary(Op.SUB, div, floor), c(0.5)), binary(Op.ADD, floor, c(1.0)), floor)
+    signed_zero = binary(Op.MUL, quotient, c(0.0))
+    result = where(binary(Op.NE, div, c(0.0)), floor, signed_zero)
+    return where(binary(Op.EQ, b, c(0.0)), quotient, result)
 
 
 @register("aten.pow.Tensor_Tensor", "aten.pow.Tensor_Scalar", "aten.pow.Scalar")

@@ -89,13 +89,30 @@ class GraphLowering:
 
     def call(self, node: Json, values: Json) -> None:
         name = str(node["target"]).removeprefix("torch.ops.")
+        where = f"\n  while lowering {name} (node {node['name']}){self.source(node['name'])}"
         try:
             outs = ser.output_names(node)
-            result = self._lower(node, name, ser.output_meta(values, outs))
+            meta = ser.output_meta(values, outs)
+            result = self._lower(node, name, meta)
+            check_result(result, meta)
         except LoweringError as err:
-            raise LoweringError(f"{err}\n  while lowering {name} (node {node['name']})"
-                                f"{self.source(node['name'])}", err.hint) from None
+            raise LoweringError(f"{err}{where}", err.hint) from None
+        except Exception as err:
+            raise LoweringError(f"kiln's lowering failed: {type(err).__name__}: {err}{where}",
+                                f"a bug in kiln's lowering of {name}; run with --debug for the traceback"
+                                ) from err
         self._bind_results(outs, result)
+        self._note_layouts(outs, values)
+
+    def _note_layouts(self, outs: list[str | list[str] | None], values: Json) -> None:
+        """Remember the buffers whose layout in eager differs from kiln's (row-major) one."""
+        names = [n for out in outs for n in (out if isinstance(out, list) else [out]) if n]
+        for name in names:
+            value = self.env.get(name)
+            if isinstance(value, TensorValue) and value.is_identity():
+                strides = ser.tensor_meta(values, name)[1]
+                if not same_layout(value.shape, strides, value.buffer.stride):
+                    self.ctx.eager_strides[value.buffer.name] = strides
 
     def _lower(self, node: Json, name: str, meta: Any) -> Any:
         fn = LOWERINGS.get(name)
@@ -131,6 +148,24 @@ class GraphLowering:
                 value = self.ctx.copy(value, "output")
             names.append(value.buffer.name)
         return tuple(names)
+
+
+def same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return all(x == y for size, x, y in zip(shape, a, b, strict=True) if size != 1)
+
+
+def check_result(result: Any, meta: Any) -> None:
+    """Every tensor a lowering returns has the shape and dtype torch recorded for it.
+
+    Note: a cheap guard that turns a lowering bug into an error instead of a wrong kernel.
+    """
+    values = result if isinstance(result, tuple | list) else (result,)
+    metas = meta if isinstance(meta, tuple) else (meta,)
+    for value, want in zip(values, metas, strict=False):
+        if isinstance(value, TensorValue) and isinstance(want, OutMeta) and \
+                (value.shape, value.dtype) != (want.shape, want.dtype):
+            raise LoweringError(f"kiln's lowering gave {value.dtype.value}{list(value.shape)} where torch "
+                                f"has {want.dtype.value}{list(want.shape)}", "a bug in kiln's lowering table")
 
 
 def resolve(name: str) -> Any:

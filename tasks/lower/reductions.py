@@ -80,6 +80,9 @@ def _simple(ctx: Lower, call: Call) -> TensorValue:
     x = call.tensor("self")
     op = _SIMPLE[call.target.split(".")[1]]
     dims = norm_dims(call.args.get("dim"), x.ndim)
+    if call.target in ("aten.any.dims", "aten.all.dims") and call.args.get("dim") == []:
+        # Note: unlike sum's, an empty dim list here reduces nothing (torch's any.dims/all.dims).
+        return to_dtype(ctx, x, call.meta.dtype, call.origin)
     keepdim = bool(call.args.get("keepdim", False))
     value = None
     if op in (ReduceOp.SUM, ReduceOp.PROD):

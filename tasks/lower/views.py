@@ -210,6 +210,10 @@ def _repeat(ctx: Lower, call: Call) -> TensorValue:
 def _as_strided(ctx: Lower, call: Call) -> TensorValue:
     x = call.tensor("self")
     base = x.buffer
+    if base.name in ctx.eager_strides:
+        raise LoweringError(f"as_strided over {base.name}, which eager lays out with strides "
+                            f"{list(ctx.eager_strides[base.name])} and kiln row-major",
+                            "call .contiguous() before as_strided, or use a view op (view, permute, ...)")
     start = x.strided()
     if base.stride != _contiguous(base.shape) or start is None:
         # Note: as_strided addresses the storage; a storage that is not row-major (a strided

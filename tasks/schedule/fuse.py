@@ -55,6 +55,11 @@ class Fuser:
     def add(self, node: Node) -> None:
         deps = {self.producer[b] for b in node_inputs(node) if b in self.producer}
         if isinstance(node, Pointwise | Reduction):
+            for d in sorted(deps):
+                if not self.units[d].kernel:
+                    kind = type(self.units[d].nodes[0]).__name__.lower()
+                    self.decisions.refuse(f"fuse {_name(node)} into {self.units[d].label()}",
+                                          f"it is a call ({kind}), and calls are never fused")
             for unit in self._candidates(node, deps):
                 why = self.why_not(unit, node, deps)
                 if why is None:

@@ -1,0 +1,66 @@
+"""Cases a review found kiln getting wrong, each now right or a clear error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tasks.ir.oracle import export, program_data
+from tasks.lower.context import Call, Lower, LoweringError
+from tasks.lower.program import lower_program
+from tasks.lower.registry import LOWERINGS
+from tests.schedule_harness import compile_fn
+
+
+def test_float_floor_division_matches_python() -> None:
+    x = torch.tensor([1.0, -1.0, 7.5, -0.0, 3.0, 1e-30])
+    compile_fn(lambda a: (a // 0.1, torch.floor_divide(a, -0.3), torch.div(a, 0.7, rounding_mode="floor")), x)
+    compile_fn(lambda a, b: a // b, x, torch.tensor([0.1, 0.0, -2.5, 1.0, -0.0, 3.0]))
+
+
+def test_a_requested_rounding_survives_fusion() -> None:
+    compile_fn(lambda a: (a.to(torch.bfloat16).to(torch.float32) * 3).exp(), torch.randn(8, 8))
+    compile_fn(lambda a: a.double().float().double() + 1e-12, torch.randn(8))
+
+
+def test_any_over_an_empty_dim_list_reduces_nothing() -> None:
+    x = torch.randn(4, 8)
+    compile_fn(lambda a: torch.logical_and(torch.ops.aten.any.dims(a > 0, []), a < 0.5), x)
+
+
+def test_a_flipped_operand_is_copied_before_a_library_call() -> None:
+    a, b = torch.randn(6, 5), torch.randn(5, 3)
+    c = compile_fn(lambda x, y: x.flip(0) @ y, a, b)
+    assert c.kernels == 1
+    compile_fn(lambda x: x.flip(1).cumsum(1), a)
+
+
+def test_as_strided_over_a_transposed_layout_is_an_error_not_a_wrong_answer() -> None:
+    program = export(lambda a: (a.t() + 1).as_strided((3, 4), (1, 3)), (torch.randn(4, 3),))
+    with pytest.raises(LoweringError, match=r"as_strided over .* eager lays out with strides"):
+        lower_program(program_data(program), {})
+
+
+def test_a_crash_inside_a_lowering_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(ctx: Lower, call: Call) -> Any:
+        raise KeyError("oops")
+
+    monkeypatch.setitem(LOWERINGS, "aten.tanh.default", broken)
+    program = export(lambda a: a.tanh() + 1, (torch.randn(3),))
+    with pytest.raises(LoweringError, match=r"KeyError: 'oops'\n  while lowering aten.tanh.default"):
+        lower_program(program_data(program), {})
+
+
+def test_a_lowering_that_returns_the_wrong_shape_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(LOWERINGS, "aten.tanh.default", lambda ctx, call: call.tensor("self"))
+    monkeypatch.setitem(LOWERINGS, "aten.sum.dim_IntList", lambda ctx, call: call.tensor("self"))
+    program = export(lambda a: a.sum(0), (torch.randn(3, 2),))
+    with pytest.raises(LoweringError, match=r"gave f32\[3, 2\] where torch has f32\[2\]"):
+        lower_program(program_data(program), {})
+
+
+def test_an_epilogue_after_a_matmul_says_why_it_is_not_fused() -> None:
+    c = compile_fn(lambda a, b: torch.relu(a @ b + 1).sum(1), torch.randn(4, 5), torch.randn(5, 6))
+    assert "it is a call (extern), and calls are never fused" in c.dumps["main/refused.txt"]

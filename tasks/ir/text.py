@@ -109,17 +109,17 @@ def view_text(v: View | None) -> str:
             f"{f' +{v.offset}' if v.offset else ''}>")
 
 
-def node_text(node: Node, indent: str = "") -> list[str]:
+def node_text(node: Node, indent: str = "", label: str = "") -> list[str]:
     if isinstance(node, Pointwise):
         head = f"{node.out.name}: {buffer_type(node.out)} = pointwise"
-        return _with_body(indent, head, [node.body])
+        return _with_body(indent, label + head, [node.body])
     if isinstance(node, Reduction):
         outs = ", ".join(f"{b.name}: {buffer_type(b)}" for b in node.outs)
         head = f"{outs} = {node.op.value} over r{list(node.reduce_ranges)}"
-        return _with_body(indent, head, [node.body])
+        return _with_body(indent, label + head, [node.body])
     if isinstance(node, Scatter):
         head = f"{node.target}[...] {'+=' if node.accumulate else '='} scatter over {list(node.ranges)}"
-        return _with_body(indent, head, [*node.index, node.value])
+        return _with_body(indent, label + head, [*node.index, node.value])
     if isinstance(node, Extern):
         args = ", ".join(view_text(v) for v in node.inputs)
         return [f"{indent}{node.out.name}: {buffer_type(node.out)} = extern {node.op.value}({args}) "

@@ -12,6 +12,7 @@ from dataclasses import replace
 from tasks.ir.expr import Expr, Op, rewrite, var
 from tasks.ir.nodes import Buffer, Pointwise, Reduction, Scatter
 from tasks.schedule.fuse import Unit
+from tasks.schedule.kernel_loops import plan_stages
 from tasks.schedule.model import Kernel, KernelNode, Param
 
 
@@ -78,7 +79,8 @@ def make_kernel(unit: Unit, name: str, stored: set[str], buffers: dict[str, Buff
     ranges = unit.ranges
     if len(unit.nodes) == 1 and isinstance(unit.nodes[0], Scatter):
         ranges = unit.nodes[0].ranges
-    return Kernel(name, origins, ranges, unit.reduce, tuple(params), tuple(local), tuple(nodes))
+    stages = plan_stages(tuple(nodes), ranges, unit.reduce)
+    return Kernel(name, origins, ranges, unit.reduce, tuple(params), tuple(local), tuple(nodes), stages)
 
 
 def _reads(node: KernelNode) -> list[str]:

@@ -20,6 +20,7 @@ from tasks.ir.serialize import (
     view_from,
     view_json,
 )
+from tasks.schedule.kernel_loops import KernelStage
 
 KernelNode = Pointwise | Reduction | Scatter
 
@@ -39,8 +40,9 @@ class Kernel:
     ranges: tuple[int, ...]  # X: the parallel loops
     reduce_ranges: tuple[int, ...]  # R: the reduction loop, () for a pointwise kernel
     params: tuple[Param, ...]
-    locals: tuple[Buffer, ...]  # values that live in registers, never in memory
+    locals: tuple[Buffer, ...]  # values that never reach memory (see kernel_loops for their lifetime)
     nodes: tuple[KernelNode, ...]
+    stages: tuple[KernelStage, ...]  # the passes over R and the row work between them
 
     @property
     def key(self) -> str:
@@ -109,8 +111,10 @@ def kernel_json(k: Kernel, keyed: bool = False) -> dict[str, Any]:
             n["origin"] = ""
     params = [{"name": p.name, "role": p.role, "spec": buffer_json(p.spec),
                **({} if keyed else {"buffer": p.buffer})} for p in k.params]
+    stages = [{"loop": st.loop, "nodes": list(st.nodes)} for st in k.stages]
     out: dict[str, Any] = {"ranges": list(k.ranges), "reduce_ranges": list(k.reduce_ranges),
-                           "params": params, "locals": [buffer_json(b) for b in k.locals], "nodes": nodes}
+                           "params": params, "locals": [buffer_json(b) for b in k.locals], "nodes": nodes,
+                           "stages": stages}
     if not keyed:
         out |= {"name": k.name, "origins": list(k.origins), "key": k.key}
     return out
@@ -120,8 +124,9 @@ def kernel_from(d: dict[str, Any]) -> Kernel:
     params = tuple(Param(p["name"], p["buffer"], p["role"], buffer_from(p["spec"])) for p in d["params"])
     nodes = tuple(node_from(n) for n in d["nodes"])
     assert all(isinstance(n, Pointwise | Reduction | Scatter) for n in nodes)
+    stages = tuple(KernelStage(st["loop"], tuple(st["nodes"])) for st in d["stages"])
     return Kernel(d["name"], tuple(d["origins"]), tuple(d["ranges"]), tuple(d["reduce_ranges"]), params,
-                  tuple(buffer_from(b) for b in d["locals"]), nodes)  # type: ignore[arg-type]
+                  tuple(buffer_from(b) for b in d["locals"]), nodes, stages)  # type: ignore[arg-type]
 
 
 def step_json(step: Step) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 
 from tasks.ir.interpret import Alloc, Env, empty, evaluate, reduce, run_node, torch_dtype, view_of
-from tasks.ir.nodes import Buffer, Pointwise, Reduction, View
+from tasks.ir.nodes import Buffer, Pointwise, Reduction, Scatter, View
 from tasks.schedule.model import CallStep, CondStep, Kernel, KernelStep, Schedule, ScheduledGraph, WhileStep
 
 
@@ -67,26 +67,39 @@ def _run_while(s: Schedule, step: WhileStep, env: Env, alloc: Alloc) -> None:
 
 
 def run_kernel(k: Kernel, env: Env, alloc: Alloc) -> None:
+    """Run a kernel stage by stage. A full local is dropped when its pass ends, so a later pass
+    that reads it without computing it again fails here, as it would in generated code."""
     local: Env = {}
     for p in k.params:
         if p.role == "out" and p.buffer not in env:
             env[p.buffer] = alloc(replace(p.spec, name=p.buffer))
         local[p.name] = env[p.buffer]
-    for node in k.nodes:
-        if isinstance(node, Pointwise):
-            full = node.out.shape != k.ranges
-            ranges, reduce_ranges = (k.ranges, k.reduce_ranges) if full else (node.out.shape, ())
-            value = evaluate(node.body, local, ranges, reduce_ranges)
-            target = local.get(node.out.name)
-            if target is None:
-                target = local[node.out.name] = empty(node.out)
-            target.copy_(value.reshape(node.out.shape) if value.shape != node.out.shape else value)
-        elif isinstance(node, Reduction):
-            for b, v in zip(node.outs, reduce(node, local), strict=True):
-                target = local.get(b.name)
-                if target is None:
-                    target = local[b.name] = empty(b)
-                target.copy_(v.expand(b.shape))
-        else:
-            run_node(node, local)
+    locals_by_name = {b.name for b in k.locals}
+    for stage in k.stages:
+        for i in stage.nodes:
+            _run_kernel_node(k, k.nodes[i], local)
+        if stage.loop:
+            for i in stage.nodes:
+                node = k.nodes[i]
+                if isinstance(node, Pointwise) and node.out.name in locals_by_name:
+                    del local[node.out.name]
 
+
+def _run_kernel_node(k: Kernel, node: Pointwise | Reduction | Scatter, local: Env) -> None:
+    if isinstance(node, Pointwise):
+        full = node.out.shape != k.ranges
+        ranges, reduce_ranges = (k.ranges, k.reduce_ranges) if full else (node.out.shape, ())
+        value = evaluate(node.body, local, ranges, reduce_ranges).reshape(node.out.shape)
+        _store(local, node.out, value)
+    elif isinstance(node, Reduction):
+        for b, v in zip(node.outs, reduce(node, local), strict=True):
+            _store(local, b, v.expand(b.shape))
+    else:
+        run_node(node, local)
+
+
+def _store(local: Env, b: Buffer, value: torch.Tensor) -> None:
+    target = local.get(b.name)
+    if target is None:
+        target = local[b.name] = empty(b)
+    target.copy_(value)

@@ -13,8 +13,11 @@ def kernel_text(k: Kernel) -> str:
         lines.append(f"  {p.role} {p.name}: {buffer_type(p.spec)} stride {list(p.spec.stride)} = {p.buffer}")
     for b in k.locals:
         lines.append(f"  local {b.name}: {buffer_type(b)}")
-    for node in k.nodes:
-        lines += node_text(node, "  ")
+    if k.reduce_ranges:
+        lines.append("  stages: " + " -> ".join(
+            f"{'pass' if st.loop else 'row'}[{', '.join(map(str, st.nodes))}]" for st in k.stages))
+    for i, node in enumerate(k.nodes):
+        lines += node_text(node, "  ", f"[{i}] ")
     return "\n".join(lines) + "\n"
 
 

@@ -54,6 +54,22 @@ def verify_kernel(k: Kernel) -> None:
     missing = {p.name for p in k.params if p.role == "out"} - written
     if missing:
         raise IRError(f"{where}: outputs {sorted(missing)} are never written")
+    _check_stages(k, where)
+
+
+def _check_stages(k: Kernel, where: str) -> None:
+    counts = [0] * len(k.nodes)
+    for stage in k.stages:
+        for i in stage.nodes:
+            counts[i] += 1
+            node = k.nodes[i]
+            row = isinstance(node, Pointwise) and node.out.shape == k.ranges
+            if stage.loop == row and k.reduce_ranges:
+                raise IRError(f"{where}: node {i} is in a {'pass' if stage.loop else 'row'} stage")
+    for i, (node, n) in enumerate(zip(k.nodes, counts, strict=True)):
+        once = not (isinstance(node, Pointwise) and node.out.shape != k.ranges)
+        if n == 0 or (once and n > 1):
+            raise IRError(f"{where}: node {i} runs {n} times in the stages")
 
 
 def _check_local_reads(k: Kernel, node: Pointwise | Reduction | Scatter, where: str) -> None:

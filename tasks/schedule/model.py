@@ -85,6 +85,15 @@ Step = KernelStep | CallStep | CondStep | WhileStep
 
 @dataclass(frozen=True, slots=True)
 class ScheduledGraph:
+    """One graph's launch order and memory.
+
+    Note: a subgraph (cond branch, while body) has an arena of its own, used only while its step
+    runs; its outputs are "caller" buffers: a cond writes them into the step's outs, a while
+    loop into the next iteration's carried values. Since a body may read its carried inputs
+    while it writes its outputs (a flip, say), the runtime keeps two sets of carried buffers
+    and swaps them after each iteration; the control-flow issue builds that runtime.
+    """
+
     inputs: tuple[Buffer, ...]
     outputs: tuple[str, ...]
     steps: tuple[Step, ...]

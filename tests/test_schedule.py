@@ -163,3 +163,17 @@ def test_golden_pass_dumps(case: str, dump: str) -> None:
         if not os.environ.get("KILN_UPDATE_GOLDEN"):
             pytest.fail(f"wrote missing golden file {path}; rerun")
     assert text == path.read_text(), f"{path} differs; KILN_UPDATE_GOLDEN=1 rewrites it"
+
+
+def test_a_residual_stream_is_stored_not_recomputed_by_every_later_layer() -> None:
+    weights = [torch.randn(33, 33) / 6 for _ in range(6)]
+
+    def residual(x: torch.Tensor) -> torch.Tensor:
+        for w in weights:
+            x = x + torch.tanh(F.layer_norm(x, (33,)) @ w)
+        return x
+
+    c = compile_fn(residual, X)
+    widest = max(sum(p.role == "in" for p in k.params) for k in c.schedule.kernels)
+    assert widest <= 5
+    assert "buffers (more than 4)" in c.dumps["main/refused.txt"]

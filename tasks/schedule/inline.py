@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from tasks.ir import index as ix
-from tasks.ir.expr import Expr, Op, loads, rewrite, substitute, walk
+from tasks.ir.expr import Expr, Op, buffers_read, loads, rewrite, substitute, walk
 from tasks.ir.nodes import (
     Graph,
     Node,
@@ -25,6 +25,11 @@ from tasks.ir.nodes import (
 # Note: a producer read at several sites is recomputed at each. Up to this many body ops in
 # total we recompute (cheap arithmetic beats a round trip through memory); beyond it we store.
 RECOMPUTE_BUDGET = 48
+# Note: nor do we recompute a producer that reads more than this many buffers at more than one
+# site. A residual stream (x = x + f(x), layer after layer) would otherwise never be stored:
+# each layer's kernels would reread every earlier layer's outputs (Inductor's
+# realize_reads_threshold is the same idea).
+READS_BUDGET = 4
 
 
 @dataclass
@@ -80,6 +85,9 @@ def inline_refusal(node: Pointwise, graph: Graph, sites: list[Node], mutated: se
     calls = sorted({type(s).__name__.lower() for s in sites if not isinstance(s, computed)})
     if calls:
         return f"read by a call ({', '.join(calls)}) that needs it in memory"
+    reads = len(buffers_read(node.body))
+    if len(sites) > 1 and reads > READS_BUDGET:
+        return f"read at {len(sites)} sites, and it reads {reads} buffers (more than {READS_BUDGET})"
     cost = body_ops(node.body) * len(sites)
     if len(sites) > 1 and cost > RECOMPUTE_BUDGET:
         return (f"read at {len(sites)} sites; recomputing its {body_ops(node.body)} ops at each "

@@ -4,7 +4,8 @@ A reduction kernel is a sequence of stages. A loop stage is one pass over R for 
 it evaluates its full (X x R) nodes and accumulates its reductions. A row stage evaluates row
 (X) nodes once per row, between passes. A reduction whose body needs another reduction's
 result (softmax's sum needs the max) runs one pass later. A full value lives only within a
-pass: a later pass that needs it lists its node again, and computes it again.
+pass: a later pass that needs it lists its node again, and computes it again (a stored output
+is stored by the first pass that lists it; a later one needs only its value).
 
     softmax:  loop [max] -> loop [sum of exp(x - max)] -> loop [out = exp(x - max) / sum]
 

@@ -1,0 +1,125 @@
+// Helpers for kiln's generated C++ kernels: fp16/bf16 storage, Python-style integer division,
+// NaN-propagating min/max. Plain C++17, no torch headers: a kernel file compiles in well under
+// a second.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace kiln {
+
+inline float bf16_to_float(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Note: round to nearest even, NaN kept quiet, as torch's c10::BFloat16 does.
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float half_to_float(uint16_t h) {
+  return static_cast<float>(*reinterpret_cast<const _Float16*>(&h));
+}
+
+inline uint16_t float_to_half(float f) {
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+// Floor division and modulo as Python and torch define them; 0 for a zero divisor, so a lane
+// that a mask discards can never trap.
+template <typename T>
+inline T floordiv(T a, T b) {
+  if (b == 0) return 0;
+  T q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+template <typename T>
+inline T mod(T a, T b) {
+  if (b == 0) return 0;
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+
+template <typename T>
+inline T maximum(T a, T b) {
+  if constexpr (std::numeric_limits<T>::has_quiet_NaN) {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+  }
+  return a > b ? a : b;
+}
+
+template <typename T>
+inline T minimum(T a, T b) {
+  if constexpr (std::numeric_limits<T>::has_quiet_NaN) {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+  }
+  return a < b ? a : b;
+}
+
+template <typename T>
+inline T sign(T a) {
+  if constexpr (std::numeric_limits<T>::has_quiet_NaN) {
+    if (a != a) return a;
+  }
+  return static_cast<T>((T(0) < a) - (a < T(0)));
+}
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+template <typename T>
+inline T rsqrt(T x) { return T(1) / std::sqrt(x); }
+
+// torch.round: halves to even.
+template <typename T>
+inline T round_even(T x) { return std::nearbyint(x); }
+
+// erfinv: Giles' single-precision approximation, then two Newton steps on erf.
+template <typename T>
+inline T erfinv(T y) {
+  if (y <= T(-1)) return y == T(-1) ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::quiet_NaN();
+  if (y >= T(1)) return y == T(1) ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::quiet_NaN();
+  double w = -std::log((1.0 - y) * (1.0 + y)), x;
+  if (w < 5.0) {
+    w -= 2.5;
+    x = 2.81022636e-08;
+    for (double c : {3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+                     -0.00417768164, 0.246640727, 1.50140941}) x = c + x * w;
+  } else {
+    w = std::sqrt(w) - 3.0;
+    x = -0.000200214257;
+    for (double c : {0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+                     0.00943887047, 1.00167406, 2.83297682}) x = c + x * w;
+  }
+  x *= y;
+  for (int i = 0; i < 2; ++i) x -= (std::erf(x) - y) / (2.0 / std::sqrt(M_PI) * std::exp(-x * x));
+  return static_cast<T>(x);
+}
+
+// Welford's running mean and sum of squared deviations.
+template <typename T>
+struct Welford {
+  T mean = 0, m2 = 0;
+  int64_t n = 0;
+  inline void add(T x) {
+    ++n;
+    T delta = x - mean;
+    mean += delta / static_cast<T>(n);
+    m2 += delta * (x - mean);
+  }
+};
+
+}  // namespace kiln

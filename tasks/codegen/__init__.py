@@ -1,0 +1,1 @@
+"""Code generators: C++ kernels and (later) Triton kernels, and the C++ wrapper."""

@@ -1,0 +1,256 @@
+"""A scheduled kernel as a C++ function: OpenMP over the outer loops of X, stages per row.
+
+    extern "C" void kiln_k3(const float* __restrict in0, float* __restrict out0) {
+      #pragma omp parallel for collapse(1) schedule(static)
+      for (int64_t i0 = 0; i0 < 128; ++i0) {
+        ... row stages and passes over R (see tasks/schedule/kernel_loops.py) ...
+      }
+    }
+
+A `CpuVariant` picks how many outer loops are parallel and whether the innermost loop (a
+pointwise kernel's last X loop, or a pass's last R loop) carries `omp simd`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tasks.codegen.cpp_expr import CTYPES, ExprWriter, cast_text
+from tasks.ir.dtypes import DType
+from tasks.ir.expr import Expr
+from tasks.ir.nodes import Buffer, Pointwise, ReduceOp, Reduction, Scatter
+from tasks.schedule.model import Kernel
+
+_HALF = (DType.F16, DType.BF16)
+
+
+@dataclass(frozen=True, slots=True)
+class CpuVariant:
+    parallel: int = 1  # how many outer X loops share the threads (collapse); 0: serial
+    simd: bool = True  # `omp simd` on the innermost loop
+
+    @property
+    def name(self) -> str:
+        return f"par{self.parallel}{'_simd' if self.simd else ''}"
+
+
+def function_name(k: Kernel) -> str:
+    return f"kiln_{k.name}"
+
+
+def kernel_source(k: Kernel, variant: CpuVariant) -> str:
+    params = ", ".join(_param_decl(p.spec, p.role) for p in k.params)
+    lines = ['#include "kiln_cpu.h"', "", f'extern "C" void {function_name(k)}({params}) {{']
+    if len(k.nodes) == 1 and isinstance(k.nodes[0], Scatter):
+        body = _scatter_body(k, k.nodes[0])
+    elif not k.reduce_ranges:
+        body = _pointwise_body(k, variant)
+    else:
+        body = _reduction_body(k, variant)
+    lines += ["  " + line for line in body]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _param_decl(b: Buffer, role: str) -> str:
+    const = "const " if role == "in" else ""
+    return f"{const}{CTYPES[b.dtype]}* __restrict {b.name}"
+
+
+class KernelWriter:
+    """Names and loads for one kernel: params through their strides, locals by variable."""
+
+    def __init__(self, k: Kernel) -> None:
+        self.k = k
+        self.specs = {p.name: p.spec for p in k.params}
+        self.locals = {b.name: b for b in k.locals}
+        self.ranges = {f"i{n}": s for n, s in enumerate(k.ranges)}
+        self.ranges.update({f"r{n}": s for n, s in enumerate(k.reduce_ranges)})
+        self.counter = 0
+
+    def writer(self) -> ExprWriter:
+        self.counter += 1
+        return ExprWriter(self.load, self.ranges, prefix=f"n{self.counter}_")
+
+    def load(self, e: Expr, idx: list[str], guard: str | None) -> str:
+        name = str(e.arg)
+        if name in self.locals:
+            return name
+        spec = self.specs[name]
+        text = f"{name}[{flat(idx, spec)}]"
+        if guard is None:
+            return text
+        return f"(({guard}) ? {text} : {CTYPES[spec.dtype]}(0))"
+
+    def store(self, out: Buffer, value: str, idx: list[str]) -> str:
+        if out.name in self.locals:
+            return f"{out.name} = {value};"
+        return f"{out.name}[{flat(idx, self.specs[out.name])}] = {value};"
+
+
+def flat(idx: list[str], spec: Buffer) -> str:
+    terms = [f"{i} * {s}LL" if s != 1 else i for i, s, n in zip(idx, spec.stride, spec.shape, strict=True)
+             if s != 0 and n != 1]
+    return " + ".join(terms) if terms else "0"
+
+
+def _loops(names: list[str], sizes: tuple[int, ...], parallel: int, simd_last: bool) -> list[str]:
+    lines = []
+    parallel = min(parallel, len(sizes))
+    for n, (name, size) in enumerate(zip(names, sizes, strict=True)):
+        if n == 0 and parallel:
+            simd = " simd" if simd_last and parallel == len(sizes) == 1 else ""
+            lines.append(f"#pragma omp parallel for{simd} collapse({parallel}) schedule(static)")
+        elif n == len(sizes) - 1 and simd_last and n >= parallel:
+            lines.append("#pragma omp simd")
+        lines.append(f"for (int64_t {name} = 0; {name} < {size}LL; ++{name})")
+    return lines
+
+
+def _pointwise_body(k: Kernel, variant: CpuVariant) -> list[str]:
+    kw = KernelWriter(k)
+    names = [f"i{n}" for n in range(len(k.ranges))]
+    inner: list[str] = []
+    for node in k.nodes:
+        assert isinstance(node, Pointwise)
+        w = kw.writer()
+        inner += w.emit([node.body])
+        if node.out.name in kw.locals:
+            inner.append(f"const {CTYPES[node.out.dtype]} {node.out.name} = {w.ref(node.body)};")
+        else:
+            inner.append(kw.store(node.out, w.ref(node.body), names))
+    if not names:
+        return ["{", *("  " + x for x in inner), "}"]
+    return [*_loops(names, k.ranges, variant.parallel, variant.simd), "{", *("  " + x for x in inner), "}"]
+
+
+def _reduction_body(k: Kernel, variant: CpuVariant) -> list[str]:
+    kw = KernelWriter(k)
+    x_names = [f"i{n}" for n in range(len(k.ranges))]
+    row: list[str] = []
+    for b in k.locals:
+        if b.shape == k.ranges:
+            row.append(f"{CTYPES[b.dtype]} {b.name};")
+    for stage in k.stages:
+        if stage.loop:
+            row += _pass(k, kw, stage.nodes, variant)
+        else:
+            for i in stage.nodes:
+                node = k.nodes[i]
+                assert isinstance(node, Pointwise)
+                w = kw.writer()
+                row += w.emit([node.body])
+                row.append(kw.store(node.out, w.ref(node.body), x_names))
+    if not x_names:
+        return ["{", *("  " + x for x in row), "}"]
+    return [*_loops(x_names, k.ranges, variant.parallel, False), "{", *("  " + x for x in row), "}"]
+
+
+def _pass(k: Kernel, kw: KernelWriter, nodes: tuple[int, ...], variant: CpuVariant) -> list[str]:
+    r_names = [f"r{n}" for n in range(len(k.reduce_ranges))]
+    full_idx = [f"i{n}" for n in range(len(k.ranges))] + r_names
+    before: list[str] = []
+    inner: list[str] = []
+    after: list[str] = []
+    for i in nodes:
+        node = k.nodes[i]
+        w = kw.writer()
+        if isinstance(node, Pointwise):
+            inner += w.emit([node.body])
+            if node.out.name in kw.locals:
+                inner.append(f"const {CTYPES[node.out.dtype]} {node.out.name} = {w.ref(node.body)};")
+            else:
+                inner.append(kw.store(node.out, w.ref(node.body), full_idx))
+        else:
+            assert isinstance(node, Reduction)
+            acc = f"acc{i}"
+            before += _acc_init(node, acc)
+            inner += w.emit([node.body])
+            inner += _acc_update(node, acc, w.ref(node.body), r_names, k.reduce_ranges)
+            after += _acc_finish(node, acc, kw, [f"i{n}" for n in range(len(k.ranges))])
+    simd = variant.simd and all(isinstance(k.nodes[i], Pointwise) for i in nodes)
+    loops = _loops(r_names, k.reduce_ranges, 0, simd)
+    return ["{", *("  " + x for x in before), *("  " + x for x in loops), "  {",
+            *("    " + x for x in inner), "  }", *("  " + x for x in after), "}"]
+
+
+def _identity(node: Reduction) -> str:
+    t = node.body.dtype
+    inf = f"std::numeric_limits<{CTYPES[t]}>::{'infinity()' if t.is_float else 'max()'}"
+    low = f"-{inf}" if t.is_float else f"std::numeric_limits<{CTYPES[t]}>::lowest()"
+    return {ReduceOp.SUM: "0", ReduceOp.PROD: "1", ReduceOp.MAX: low, ReduceOp.MIN: inf,
+            ReduceOp.ANY: "false", ReduceOp.ALL: "true", ReduceOp.ARGMAX: low, ReduceOp.ARGMIN: inf}[node.op]
+
+
+def _acc_init(node: Reduction, acc: str) -> list[str]:
+    t = CTYPES[node.body.dtype]
+    if node.body.dtype in _HALF:
+        raise ValueError("a reduction accumulates in fp16/bf16; lowering should accumulate in fp32")
+    if node.op is ReduceOp.WELFORD:
+        return [f"kiln::Welford<{t}> {acc};"]
+    if node.op in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
+        return [f"{t} {acc} = {_identity(node)};", f"int64_t {acc}_at = 0;", f"bool {acc}_first = true;"]
+    return [f"{t} {acc} = {_identity(node)};"]
+
+
+def _acc_update(node: Reduction, acc: str, v: str, r_names: list[str], sizes: tuple[int, ...]) -> list[str]:
+    op = node.op
+    if op is ReduceOp.SUM:
+        return [f"{acc} += {v};"]
+    if op is ReduceOp.PROD:
+        return [f"{acc} *= {v};"]
+    if op is ReduceOp.MAX:
+        return [f"{acc} = kiln::maximum({acc}, {v});"]
+    if op is ReduceOp.MIN:
+        return [f"{acc} = kiln::minimum({acc}, {v});"]
+    if op is ReduceOp.ANY:
+        return [f"{acc} = {acc} || {v};"]
+    if op is ReduceOp.ALL:
+        return [f"{acc} = {acc} && {v};"]
+    if op is ReduceOp.WELFORD:
+        return [f"{acc}.add({v});"]
+    better = ">" if op is ReduceOp.ARGMAX else "<"
+    nan = f"({v} != {v} && {acc} == {acc})" if node.body.dtype.is_float else "false"
+    at = " + ".join(f"{r} * {math.prod(sizes[n + 1:])}LL" for n, r in enumerate(r_names)) or "0"
+    # Note: the first index of the best value, and a NaN beats everything, as torch.argmax.
+    return [f"if ({acc}_first || {nan} || ({acc} == {acc} && {v} {better} {acc})) "
+            f"{{ {acc} = {v}; {acc}_at = {at}; {acc}_first = false; }}"]
+
+
+def _acc_finish(node: Reduction, acc: str, kw: KernelWriter, x_idx: list[str]) -> list[str]:
+    if node.op is ReduceOp.WELFORD:
+        mean, m2 = node.outs
+        return [kw.store(mean, f"{acc}.mean", x_idx), kw.store(m2, f"{acc}.m2", x_idx)]
+    (out,) = node.outs
+    value = f"{acc}_at" if node.op in (ReduceOp.ARGMAX, ReduceOp.ARGMIN) else acc
+    return [kw.store(out, cast_text(value, _acc_dtype(node), out.dtype), x_idx)]
+
+
+def _acc_dtype(node: Reduction) -> DType:
+    return DType.I64 if node.op in (ReduceOp.ARGMAX, ReduceOp.ARGMIN) else node.body.dtype
+
+
+def _scatter_body(k: Kernel, node: Scatter) -> list[str]:
+    # Note: scatters run serially: duplicate indices then add up (or the last write wins) the
+    # same way every run, with no atomics, which fp16/bf16 have none of anyway.
+    kw = KernelWriter(k)
+    names = [f"i{n}" for n in range(len(node.ranges))]
+    w = kw.writer()
+    inner = w.emit([*node.index, node.value])
+    spec = kw.specs[node.target]
+    at = flat([w.ref(e) for e in node.index], spec)
+    value = w.ref(node.value)
+    if node.accumulate:
+        t = spec.dtype
+        if t in _HALF:
+            old = cast_text(f"{node.target}[{at}]", t, DType.F32)
+            total = cast_text(f"{old} + {cast_text(value, t, DType.F32)}", DType.F32, t)
+            inner.append(f"{node.target}[{at}] = {total};")
+        else:
+            inner.append(f"{node.target}[{at}] += {value};")
+    else:
+        inner.append(f"{node.target}[{at}] = {value};")
+    loops = [f"for (int64_t {n} = 0; {n} < {s}LL; ++{n})" for n, s in zip(names, node.ranges, strict=True)]
+    return [*loops, "{", *("  " + x for x in inner), "}"]
+

@@ -1,0 +1,49 @@
+"""Generated C++ kernels against the schedule interpreter, for every kernel of many patterns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tasks.codegen.cpp_kernel import CpuVariant
+from tests.cpp_kernel_harness import check_kernel, needs_cxx
+from tests.schedule_harness import compile_fn
+
+torch.manual_seed(0)
+X = torch.randn(8, 33)
+IDX = torch.randint(0, 8, (5, 3))
+
+PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
+    "softmax": (lambda x: torch.softmax(x, -1), (X,)),
+    "layer_norm": (lambda x: F.layer_norm(x * 2, (33,)), (X,)),
+    "pad_cat": (lambda x: F.pad(torch.cat([x, x * 2], 1), (1, 2, 0, 3), value=-1.0) + 1, (X,)),
+    "transpose": (lambda x: x.t() * 2 + 1, (X,)),
+    "reductions": (lambda x: (x.argmax(-1), x.amax(0), x.sum(), x.var(1), (x > 0).all(1)), (X,)),
+    "argmin_2d": (lambda x: x.reshape(8, 3, 11).argmin(0), (X,)),
+    "fp16_math": (lambda x: (x.half() * 3).sigmoid() + x.half(), (X,)),
+    "bf16_norm": (lambda x: F.layer_norm(x.bfloat16(), (33,)), (X,)),
+    "int_ops": (lambda a: (a // 3, a % 3, a * a - 7, a.abs(), (a & 1) == 1), (IDX - 4,)),
+    "embedding": (lambda i, w: F.embedding(i, w) * 2, (IDX, X)),
+    "gather_where": (lambda x, i: torch.where(x[:5, :3] > 0, x.gather(0, i), 0.5), (X, IDX)),
+    "scatter_add": (lambda x, i: torch.zeros(8, 3).scatter_add(0, i, x[:5, :3]), (X, IDX)),
+    "index_put": (lambda x, i: x.index_put((i[:, 0],), torch.ones(5, 33), accumulate=True), (X, IDX)),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh") - F.silu(x), (X,)),
+    "nan_max": (lambda x: torch.where(x > 1, float("nan"), x).amax(-1), (X,)),
+    "scalar": (lambda x: x.sum() * x.mean(), (X,)),
+}
+VARIANTS = [CpuVariant(1, True), CpuVariant(0, False), CpuVariant(2, True)]
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_generated_kernels_match_the_interpreter(name: str) -> None:
+    fn, inputs = PATTERNS[name]
+    c = compile_fn(fn, *inputs)
+    for k in c.schedule.kernels:
+        for variant in VARIANTS:
+            half = any(p.spec.dtype.value in ("f16", "bf16") for p in k.params)
+            check_kernel(k, variant, rtol=1e-2 if half else 1e-4, atol=1e-2 if half else 1e-5)

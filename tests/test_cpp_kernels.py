@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tasks.codegen.cpp_kernel import CpuVariant
+from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
 from tests.cpp_kernel_harness import check_kernel, needs_cxx
 from tests.schedule_harness import compile_fn
 
@@ -47,3 +49,23 @@ def test_generated_kernels_match_the_interpreter(name: str) -> None:
         for variant in VARIANTS:
             half = any(p.spec.dtype.value in ("f16", "bf16") for p in k.params)
             check_kernel(k, variant, rtol=1e-2 if half else 1e-4, atol=1e-2 if half else 1e-5)
+
+
+GOLDEN = Path(__file__).parent / "golden" / "cpp"
+CANONICAL = ["softmax", "layer_norm", "pad_cat", "transpose", "embedding", "scatter_add"]
+
+
+@pytest.mark.parametrize("name", CANONICAL)
+def test_golden_kernel_sources(name: str) -> None:
+    fn, inputs = PATTERNS[name]
+    first = compile_fn(fn, *inputs)
+    again = compile_fn(fn, *inputs)
+    text = "\n".join(kernel_source(k, CpuVariant()) for k in first.schedule.kernels)
+    assert text == "\n".join(kernel_source(k, CpuVariant()) for k in again.schedule.kernels)
+    path = GOLDEN / f"{name}.cpp"
+    if os.environ.get("KILN_UPDATE_GOLDEN") or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if not os.environ.get("KILN_UPDATE_GOLDEN"):
+            pytest.fail(f"wrote missing golden file {path}; rerun")
+    assert text == path.read_text(), f"{path} differs; KILN_UPDATE_GOLDEN=1 rewrites it"

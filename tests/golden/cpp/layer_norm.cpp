@@ -1,0 +1,45 @@
+#include "kiln_cpu.h"
+
+extern "C" void kiln_k0(const float* __restrict in0, float* __restrict out0) {
+  #pragma omp parallel for collapse(1) schedule(static)
+  for (int64_t i0 = 0; i0 < 8LL; ++i0)
+  {
+    float tmp0;
+    float tmp1;
+    {
+      kiln::Welford<float> acc0;
+      for (int64_t r0 = 0; r0 < 33LL; ++r0)
+      {
+        const int64_t n1_0 = i0;
+        const int64_t n1_1 = r0;
+        const float n1_2 = in0[n1_0 * 33LL + n1_1];
+        const float n1_3 = static_cast<float>(0x1.0000000000000p+1);
+        const float n1_4 = static_cast<float>((n1_2 * n1_3));
+        acc0.add(n1_4);
+      }
+      tmp0 = acc0.mean;
+      tmp1 = acc0.m2;
+    }
+    {
+      #pragma omp simd
+      for (int64_t r0 = 0; r0 < 33LL; ++r0)
+      {
+        const int64_t n2_0 = i0;
+        const int64_t n2_1 = r0;
+        const float n2_2 = in0[n2_0 * 33LL + n2_1];
+        const float n2_3 = static_cast<float>(0x1.0000000000000p+1);
+        const float n2_4 = static_cast<float>((n2_2 * n2_3));
+        const float n2_5 = tmp0;
+        const float n2_6 = static_cast<float>((n2_4 - n2_5));
+        const float n2_7 = tmp1;
+        const float n2_8 = static_cast<float>(0x1.0800000000000p+5);
+        const float n2_9 = static_cast<float>((n2_7 / n2_8));
+        const float n2_10 = static_cast<float>(0x1.4f8b588e368f1p-17);
+        const float n2_11 = static_cast<float>((n2_9 + n2_10));
+        const float n2_12 = static_cast<float>(kiln::rsqrt(n2_11));
+        const float n2_13 = static_cast<float>((n2_6 * n2_12));
+        out0[i0 * 33LL + r0] = n2_13;
+      }
+    }
+  }
+}

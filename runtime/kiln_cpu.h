@@ -120,6 +120,17 @@ struct Welford {
     mean += delta / static_cast<T>(n);
     m2 += delta * (x - mean);
   }
+  // Chan et al.'s combination of two partial results.
+  inline void merge(const Welford& o) {
+    if (o.n == 0) return;
+    if (n == 0) { *this = o; return; }
+    int64_t total = n + o.n;
+    T delta = o.mean - mean;
+    T w = static_cast<T>(o.n) / static_cast<T>(total);
+    mean += delta * w;
+    m2 += o.m2 + delta * delta * static_cast<T>(n) * w;
+    n = total;
+  }
 };
 
 }  // namespace kiln

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tasks.codegen.cpp_build import FLAGS, RUNTIME, compiler
 from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
 from tests.cpp_kernel_harness import check_kernel, needs_cxx
 from tests.schedule_harness import compile_fn
@@ -37,7 +39,7 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     "nan_max": (lambda x: torch.where(x > 1, float("nan"), x).amax(-1), (X,)),
     "scalar": (lambda x: x.sum() * x.mean(), (X,)),
 }
-VARIANTS = [CpuVariant(1, True), CpuVariant(0, False), CpuVariant(2, True)]
+VARIANTS = [CpuVariant(1, True), CpuVariant(0, False), CpuVariant(2, True), CpuVariant(1, True, split_r=True)]
 
 
 @needs_cxx
@@ -69,3 +71,15 @@ def test_golden_kernel_sources(name: str) -> None:
         if not os.environ.get("KILN_UPDATE_GOLDEN"):
             pytest.fail(f"wrote missing golden file {path}; rerun")
     assert text == path.read_text(), f"{path} differs; KILN_UPDATE_GOLDEN=1 rewrites it"
+
+
+@needs_cxx
+def test_the_inner_loop_of_a_pointwise_kernel_is_vectorized(tmp_path: Path) -> None:
+    c = compile_fn(lambda x, y: torch.relu(x * 2 + y), torch.randn(64, 256), torch.randn(64, 256))
+    (k,) = c.schedule.kernels
+    source = tmp_path / "k.cpp"
+    source.write_text(kernel_source(k, CpuVariant()))
+    out = str(tmp_path / "k.so")
+    cmd = [compiler(), *FLAGS, f"-I{RUNTIME}", "-fopt-info-vec-optimized", str(source), "-o", out]
+    report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    assert "loop vectorized" in report

@@ -9,7 +9,7 @@ from pathlib import Path
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 # Note: no -ffast-math: kiln must give eager's NaN and infinity behaviour; -O3 with
 # -march=native would tie a build to this machine's CPU, so tuning picks variants, not flags.
-FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-w")
+FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno")
 
 
 def compiler() -> str:

@@ -20,7 +20,7 @@ from tasks.codegen.cpp_expr import CTYPES, ExprWriter, cast_text
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr
 from tasks.ir.nodes import Buffer, Pointwise, ReduceOp, Reduction, Scatter
-from tasks.schedule.model import Kernel
+from tasks.schedule.model import Kernel, KernelNode
 
 _HALF = (DType.F16, DType.BF16)
 
@@ -29,10 +29,13 @@ _HALF = (DType.F16, DType.BF16)
 class CpuVariant:
     parallel: int = 1  # how many outer X loops share the threads (collapse); 0: serial
     simd: bool = True  # `omp simd` on the innermost loop
+    # Each pass over R split across the threads, with per-thread partials combined in thread
+    # order afterwards (deterministic for a given thread count): for kernels with few rows.
+    split_r: bool = False
 
     @property
     def name(self) -> str:
-        return f"par{self.parallel}{'_simd' if self.simd else ''}"
+        return f"par{self.parallel}{'_simd' if self.simd else ''}{'_splitr' if self.split_r else ''}"
 
 
 def function_name(k: Kernel) -> str:
@@ -41,7 +44,10 @@ def function_name(k: Kernel) -> str:
 
 def kernel_source(k: Kernel, variant: CpuVariant) -> str:
     params = ", ".join(_param_decl(p.spec, p.role) for p in k.params)
-    lines = ['#include "kiln_cpu.h"', "", f'extern "C" void {function_name(k)}({params}) {{']
+    includes = ['#include "kiln_cpu.h"']
+    if variant.split_r:
+        includes += ["#include <omp.h>", "#include <memory>"]
+    lines = [*includes, "", f'extern "C" void {function_name(k)}({params}) {{']
     if len(k.nodes) == 1 and isinstance(k.nodes[0], Scatter):
         body = _scatter_body(k, k.nodes[0])
     elif not k.reduce_ranges:
@@ -144,7 +150,8 @@ def _reduction_body(k: Kernel, variant: CpuVariant) -> list[str]:
                 row.append(kw.store(node.out, w.ref(node.body), x_names))
     if not x_names:
         return ["{", *("  " + x for x in row), "}"]
-    return [*_loops(x_names, k.ranges, variant.parallel, False), "{", *("  " + x for x in row), "}"]
+    parallel = 0 if variant.split_r else variant.parallel
+    return [*_loops(x_names, k.ranges, parallel, False), "{", *("  " + x for x in row), "}"]
 
 
 def _pass(k: Kernel, kw: KernelWriter, nodes: tuple[int, ...], variant: CpuVariant) -> list[str]:
@@ -169,10 +176,54 @@ def _pass(k: Kernel, kw: KernelWriter, nodes: tuple[int, ...], variant: CpuVaria
             inner += w.emit([node.body])
             inner += _acc_update(node, acc, w.ref(node.body), r_names, k.reduce_ranges)
             after += _acc_finish(node, acc, kw, [f"i{n}" for n in range(len(k.ranges))])
-    simd = variant.simd and all(isinstance(k.nodes[i], Pointwise) for i in nodes)
+    reductions = [(i, k.nodes[i]) for i in nodes if isinstance(k.nodes[i], Reduction)]
+    if variant.split_r:
+        return _split_pass(k, reductions, before, inner, after)
+    simd = variant.simd and not reductions
     loops = _loops(r_names, k.reduce_ranges, 0, simd)
     return ["{", *("  " + x for x in before), *("  " + x for x in loops), "  {",
             *("    " + x for x in inner), "  }", *("  " + x for x in after), "}"]
+
+
+def _split_pass(k: Kernel, reductions: list[tuple[int, KernelNode]], before: list[str], inner: list[str],
+                after: list[str]) -> list[str]:
+    """One pass over R shared by the threads: partial accumulators per thread, then combined."""
+    r_names = [f"r{n}" for n in range(len(k.reduce_ranges))]
+    accs = [name for i, _ in reductions for name in _acc_names(k.nodes[i], f"acc{i}")]
+    # Note: every slot starts as the identity: a team may have fewer threads than the maximum.
+    keep = [f"std::unique_ptr<decltype({a})[]> part_{a}(new decltype({a})[kiln_threads]);" for a in accs]
+    keep += [f"for (int kiln_u = 0; kiln_u < kiln_threads; ++kiln_u) part_{a}[kiln_u] = {a};" for a in accs]
+    save = [f"part_{a}[kiln_t] = {a};" for a in accs]
+    combine = []
+    for i, node in reductions:
+        assert isinstance(node, Reduction)
+        combine += _acc_combine(node, f"acc{i}")
+    loops = [f"#pragma omp for collapse({len(r_names)}) schedule(static)"]
+    loops += [f"for (int64_t {n} = 0; {n} < {size}LL; ++{n})"
+              for n, size in zip(r_names, k.reduce_ranges, strict=True)]
+    return ["{", "  const int kiln_threads = omp_get_max_threads();", *("  " + x for x in before),
+            *("  " + x for x in keep), "  #pragma omp parallel", "  {",
+            "    const int kiln_t = omp_get_thread_num();", *("    " + x for x in before),
+            *("    " + x for x in loops), "    {", *("      " + x for x in inner), "    }",
+            *("    " + x for x in save), "  }", "  for (int kiln_u = 0; kiln_u < kiln_threads; ++kiln_u) {",
+            *("    " + x for x in combine), "  }", *("  " + x for x in after), "}"]
+
+
+def _acc_names(node: KernelNode, acc: str) -> list[str]:
+    if isinstance(node, Reduction) and node.op in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
+        return [acc, f"{acc}_at", f"{acc}_first"]
+    return [acc]
+
+
+def _acc_combine(node: Reduction, acc: str) -> list[str]:
+    """Fold thread kiln_u's partial into acc; partials come in thread order, which is R order."""
+    part = f"part_{acc}[kiln_u]"
+    if node.op is ReduceOp.WELFORD:
+        return [f"{acc}.merge({part});"]
+    if node.op in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
+        return [f"if (!part_{acc}_first[kiln_u] && {_beats(node, acc, part)}) "
+                f"{{ {acc} = {part}; {acc}_at = part_{acc}_at[kiln_u]; {acc}_first = false; }}"]
+    return _acc_update(node, acc, part, [], ())
 
 
 def _identity(node: Reduction) -> str:
@@ -210,12 +261,16 @@ def _acc_update(node: Reduction, acc: str, v: str, r_names: list[str], sizes: tu
         return [f"{acc} = {acc} && {v};"]
     if op is ReduceOp.WELFORD:
         return [f"{acc}.add({v});"]
-    better = ">" if op is ReduceOp.ARGMAX else "<"
-    nan = f"({v} != {v} && {acc} == {acc})" if node.body.dtype.is_float else "false"
     at = " + ".join(f"{r} * {math.prod(sizes[n + 1:])}LL" for n, r in enumerate(r_names)) or "0"
-    # Note: the first index of the best value, and a NaN beats everything, as torch.argmax.
-    return [f"if ({acc}_first || {nan} || ({acc} == {acc} && {v} {better} {acc})) "
-            f"{{ {acc} = {v}; {acc}_at = {at}; {acc}_first = false; }}"]
+    return [f"if ({_beats(node, acc, v)}) {{ {acc} = {v}; {acc}_at = {at}; {acc}_first = false; }}"]
+
+
+def _beats(node: Reduction, acc: str, v: str) -> str:
+    """Whether v replaces the best so far: the first index of the best value wins, and a NaN
+    beats everything, as in torch.argmax."""
+    better = ">" if node.op is ReduceOp.ARGMAX else "<"
+    nan = f"({v} != {v} && {acc} == {acc})" if node.body.dtype.is_float else "false"
+    return f"({acc}_first || {nan} || ({acc} == {acc} && {v} {better} {acc}))"
 
 
 def _acc_finish(node: Reduction, acc: str, kw: KernelWriter, x_idx: list[str]) -> list[str]:

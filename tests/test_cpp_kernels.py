@@ -83,3 +83,19 @@ def test_the_inner_loop_of_a_pointwise_kernel_is_vectorized(tmp_path: Path) -> N
     cmd = [compiler(), *FLAGS, f"-I{RUNTIME}", "-fopt-info-vec-optimized", str(source), "-o", out]
     report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     assert "loop vectorized" in report
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", ["mlp", "convnet", "cond", "while", "bert-small", "gpt2-small"])
+def test_every_kernel_of_a_reference_model_compiles_and_matches(name: str) -> None:
+    from pipeline.config import load_config
+    from tasks.trace.factory import build_model, example_inputs
+
+    if name.startswith(("bert", "gpt2")):
+        pytest.importorskip("transformers")
+    config = load_config(name)
+    model = build_model(config.fields, name, config.project_root)
+    c = compile_fn(model, *example_inputs(config.field("inputs"), 0), rtol=1e-3, atol=1e-4)
+    distinct = {k.key: k for k in c.schedule.kernels}
+    for k in distinct.values():
+        check_kernel(k, CpuVariant(), rtol=1e-3, atol=1e-4)

@@ -13,6 +13,7 @@ import torch
 
 from tasks.codegen.cpp_build import build_shared
 from tasks.codegen.cpp_kernel import CpuVariant, function_name, kernel_source
+from tasks.codegen.inputs import index_bounds
 from tasks.ir.interpret import empty
 from tasks.schedule.model import Kernel
 from tasks.schedule.run import run_kernel
@@ -21,9 +22,9 @@ needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on PA
 
 
 def random_params(k: Kernel, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random tensors for the kernel's parameters; integer inputs small and non-negative, so an
-    index read from them stays in range for the shapes the tests use."""
+    """Random tensors for the kernel's parameters; an integer read as an index lies in range."""
     gen = torch.Generator().manual_seed(seed)
+    bounds = index_bounds(k)
     tensors = {}
     for p in k.params:
         t = empty(replace(p.spec, name=p.buffer))
@@ -32,7 +33,7 @@ def random_params(k: Kernel, seed: int = 0) -> dict[str, torch.Tensor]:
         elif p.spec.dtype.value == "b8":
             t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())
         else:
-            t.copy_(torch.randint(0, 3, t.shape, generator=gen))
+            t.copy_(torch.randint(0, bounds.get(p.name, 5), t.shape, generator=gen))
         tensors[p.buffer] = t
     return tensors
 

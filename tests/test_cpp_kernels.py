@@ -99,3 +99,14 @@ def test_every_kernel_of_a_reference_model_compiles_and_matches(name: str) -> No
     distinct = {k.key: k for k in c.schedule.kernels}
     for k in distinct.values():
         check_kernel(k, CpuVariant(), rtol=1e-3, atol=1e-4)
+
+
+def test_index_bounds_come_from_the_dimensions_an_integer_indexes() -> None:
+    from tasks.codegen.inputs import index_bounds
+
+    c = compile_fn(lambda i, w: F.embedding(i, w) * 2, IDX, torch.randn(30, 4))
+    (k,) = c.schedule.kernels
+    assert index_bounds(k) == {"in0": 30}
+    c = compile_fn(lambda x, i: torch.zeros(8, 3).scatter_add(0, i, x[:5, :3]), X, IDX)
+    scatter = next(k for k in c.schedule.kernels if any(p.role == "inout" for p in k.params))
+    assert list(index_bounds(scatter).values()) == [8]

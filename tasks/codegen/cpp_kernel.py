@@ -42,12 +42,12 @@ def function_name(k: Kernel) -> str:
     return f"kiln_{k.name}"
 
 
-def kernel_source(k: Kernel, variant: CpuVariant) -> str:
+def kernel_source(k: Kernel, variant: CpuVariant, function: str | None = None) -> str:
     params = ", ".join(_param_decl(p.spec, p.role) for p in k.params)
     includes = ['#include "kiln_cpu.h"']
     if variant.split_r:
         includes += ["#include <omp.h>", "#include <memory>"]
-    lines = [*includes, "", f'extern "C" void {function_name(k)}({params}) {{']
+    lines = [*includes, "", f'extern "C" void {function or function_name(k)}({params}) {{']
     if len(k.nodes) == 1 and isinstance(k.nodes[0], Scatter):
         body = _scatter_body(k, k.nodes[0])
     elif not k.reduce_ranges:

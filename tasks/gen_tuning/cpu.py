@@ -1,0 +1,67 @@
+"""The CPU target's tuning code: C++ variants per distinct kernel, described in kernels.json.
+
+Kernels with the same key (twelve identical layers) are generated, built and tuned once; the
+function is named by the key, so the wrapper calls one symbol for all of them.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from cache.hashing import pretty_json
+from tasks.codegen.cpp_build import FLAGS, RUNTIME
+from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
+from tasks.codegen.inputs import index_bounds
+from tasks.ir.serialize import buffer_json
+from tasks.schedule.model import Kernel, Schedule
+
+TUNER = Path(__file__).resolve().parents[1] / "tune" / "cpu_tune.py"
+FEW_ROWS = 64  # below this many rows, splitting each pass over R across threads is a candidate
+
+
+def cpu_variants(k: Kernel) -> list[CpuVariant]:
+    """The default first, then the alternatives worth timing for this kernel's shape."""
+    variants = [CpuVariant(1, True), CpuVariant(1, False)]
+    if len(k.ranges) >= 2:
+        variants.append(CpuVariant(2, True))
+    if k.reduce_ranges and math.prod(k.ranges) < FEW_ROWS:
+        variants.append(CpuVariant(1, True, split_r=True))
+    if math.prod(k.ranges) * max(1, math.prod(k.reduce_ranges)) < 4096:
+        variants.append(CpuVariant(0, True))
+    return variants
+
+
+def function_for(key: str) -> str:
+    return f"kiln_{key[:16]}"
+
+
+def write(schedule: Schedule, out: Path) -> dict[str, Any]:
+    folder = out / "kernels"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(RUNTIME / "kiln_cpu.h", folder / "kiln_cpu.h")
+    by_key: dict[str, list[Kernel]] = {}
+    for k in schedule.kernels:
+        by_key.setdefault(k.key, []).append(k)
+    entries = [_entry(group, folder) for group in by_key.values()]
+    spec = {"target": "cpu", "folder": "kernels", "compiler": ["g++", *FLAGS], "kernels": entries}
+    (out / "kernels.json").write_text(pretty_json(spec))
+    shutil.copyfile(TUNER, out / "tune.py")
+    return spec
+
+
+def _entry(group: list[Kernel], folder: Path) -> dict[str, Any]:
+    k = group[0]
+    bounds = index_bounds(k)
+    variants = []
+    for variant in cpu_variants(k):
+        rel = f"{k.key[:16]}/{variant.name}.cpp"
+        (folder / rel).parent.mkdir(exist_ok=True)
+        (folder / rel).write_text(kernel_source(k, variant, function_for(k.key)))
+        config = {"parallel": variant.parallel, "simd": variant.simd, "split_r": variant.split_r}
+        variants.append({"name": variant.name, "file": rel, "config": config})
+    params = [buffer_json(p.spec) | {"role": p.role, "bound": bounds.get(p.name)} for p in k.params]
+    return {"key": k.key, "names": [g.name for g in group], "function": function_for(k.key),
+            "params": params, "variants": variants}

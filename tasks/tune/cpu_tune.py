@@ -1,0 +1,148 @@
+"""Standalone CPU tuner for kiln kernels (copied as tune.py beside kernels.json and kernels/).
+
+    python tune.py [--kernel KEY] [--repeat N] [--out tuning.json]
+
+For each kernel in kernels.json: build every variant with the host C++ compiler, run each on
+the same random inputs (the right shapes, strides and dtypes; integers read as indices stay in
+range), check its outputs against the default variant's, and time it. A variant that fails to
+build, crashes or disagrees scores infinity; it never fails the run. It never runs the model.
+This file imports nothing from kiln: it runs by hand on any machine with torch and g++.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_DTYPES = {"b8": torch.bool, "u8": torch.uint8, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32,
+           "i64": torch.int64, "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32,
+           "f64": torch.float64}
+
+
+def random_inputs(params: list[dict[str, Any]], seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for p in params:
+        dtype = _DTYPES[p["dtype"]]
+        t = torch.empty_strided(p["shape"], p["stride"], dtype=dtype)
+        if dtype.is_floating_point:
+            t.copy_(torch.randn(t.shape, generator=gen))
+        elif dtype == torch.bool:
+            t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())
+        else:
+            t.copy_(torch.randint(0, p.get("bound") or 5, t.shape, generator=gen))
+        out.append(t)
+    return out
+
+
+def build(source: Path, out: Path, compiler: list[str], include: Path) -> str | None:
+    """The build error, or None."""
+    proc = subprocess.run([*compiler, f"-I{include}", str(source), "-o", str(out)],
+                          capture_output=True, text=True, check=False)
+    return None if proc.returncode == 0 else proc.stderr[-2000:]
+
+
+def run_variant(lib_path: Path, function: str, tensors: list[torch.Tensor], repeat: int) -> float:
+    """Median seconds of one call, after a warm-up call."""
+    fn = getattr(ctypes.CDLL(str(lib_path)), function)
+    args = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
+    fn(*args)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def agrees(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
+    for a, b in zip(got, want, strict=True):
+        tol = 1e-2 if a.dtype in (torch.float16, torch.bfloat16) else 1e-4
+        if not torch.allclose(a.double() if a.is_floating_point() else a.long(),
+                              b.double() if b.is_floating_point() else b.long(),
+                              rtol=tol, atol=tol, equal_nan=True):
+            return False
+    return True
+
+
+def tune_kernel(entry: dict[str, Any], folder: Path, compiler: list[str], repeat: int) -> dict[str, Any]:
+    """Every variant of one kernel, timed and checked; the record of the winner."""
+    outputs = [i for i, p in enumerate(entry["params"]) if p["role"] != "in"]
+    base = random_inputs(entry["params"])
+    timings: dict[str, float | None] = {}
+    errors: dict[str, str] = {}
+    reference: list[torch.Tensor] | None = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in entry["variants"]:
+            name = variant["name"]
+            lib = Path(tmp) / f"{name}.so"
+            error = build(folder / variant["file"], lib, compiler, folder)
+            if error is not None:
+                timings[name], errors[name] = None, f"build failed: {error.strip().splitlines()[-1]}"
+                continue
+            tensors = [t.clone() for t in base]
+            try:
+                seconds = run_variant(lib, entry["function"], tensors, repeat)
+            except OSError as err:
+                timings[name], errors[name] = None, f"load failed: {err}"
+                continue
+            result = [tensors[i] for i in outputs]
+            if reference is None:
+                reference = result
+            elif not agrees(result, reference):
+                timings[name], errors[name] = None, "outputs differ from the default variant's"
+                continue
+            timings[name] = seconds
+    return _record(entry, timings, errors)
+
+
+def _record(entry: dict[str, Any], timings: dict[str, float | None],
+            errors: dict[str, str]) -> dict[str, Any]:
+    default = entry["variants"][0]["name"]
+    scored = {n: (t if t is not None else math.inf) for n, t in timings.items()}
+    best = min(scored, key=lambda n: (scored[n], n != default))
+    if scored[best] == math.inf:
+        best = default
+    config = next(v["config"] for v in entry["variants"] if v["name"] == best)
+    gain = (scored[default] / scored[best]) if scored[best] not in (0, math.inf) else None
+    return {"key": entry["key"], "variant": best, "config": config, "default": default,
+            "timings": timings, "errors": errors, "gain": gain, "tuned": True}
+
+
+def main(argv: list[str] | None = None) -> int:
+    here = Path(__file__).resolve().parent
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", type=Path, default=here / "kernels.json")
+    parser.add_argument("--kernel", help="tune only this kernel key")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=here / "tuning.json")
+    args = parser.parse_args(argv)
+    spec = json.loads(args.kernels.read_text())
+    cxx = shutil.which(spec["compiler"][0]) or spec["compiler"][0]
+    compiler = [cxx, *spec["compiler"][1:]]
+    folder = args.kernels.parent / spec["folder"]
+    records = {}
+    for entry in spec["kernels"]:
+        if args.kernel and entry["key"] != args.kernel:
+            continue
+        records[entry["key"]] = tune_kernel(entry, folder, compiler, args.repeat)
+        r = records[entry["key"]]
+        print(f"{entry['names'][0]:>8} {r['variant']:>16} gain {r['gain'] or 0:.2f}x", file=sys.stderr)
+    args.out.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

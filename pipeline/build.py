@@ -75,7 +75,10 @@ def publish(result: BuildResult, stages: tuple[Stage, ...]) -> None:
         if entry is None:
             continue
         for name in stage.publish:
-            _link(entry.file(name), result.out / name)
+            names = [a for a in entry.artifacts if a.startswith(name)] if name.endswith("/") else [name]
+            for artifact in names:
+                (result.out / artifact).parent.mkdir(parents=True, exist_ok=True)
+                _link(entry.file(artifact), result.out / artifact)
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -96,6 +99,10 @@ def _link(src: Path, dst: Path) -> None:
 def remember_build(records: Records, build: str, entries: dict[str, Entry]) -> None:
     now = time.time()
     used = [f"{e.stage}/{e.key}" for e in entries.values()]
+    # Note: a stage that caches per item (autotune, per kernel) lists the items it used, so gc
+    # keeps them with the build that needs them.
+    for e in entries.values():
+        used += [str(item) for item in e.meta.get("notes", {}).get("items", [])]
     records.set("build", build, {"time": now, "entries": used})
     for name in used:
         records.set("use", name, now)

@@ -76,7 +76,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "stages":
         for stage in STAGES:
-            status = "built" if stage.built else f"not built ({stage.planned})"
+            targets = "/".join(stage.targets)
+            status = f"built ({targets})" if stage.built else f"not built ({stage.planned})"
             _out.print(f"{stage.name:16} {status:26} {stage.summary}")
         return 0
     if args.command == "cache":

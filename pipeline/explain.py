@@ -37,7 +37,7 @@ def explain(
     verdicts: list[Verdict] = []
     pending: set[str] = set()
     for stage in stages:
-        if not stage.built:
+        if not stage.built_for(options.target):
             verdicts.append(Verdict(stage.name, "not built", (f"planned: {stage.planned}",)))
             break
         waiting = [up for up in stage.upstream if up in pending]

@@ -97,7 +97,7 @@ class Runner:
             if blocked:
                 rows.append(StageRow(stage.name, "skipped", note=blocked))
                 continue
-            if not stage.built:
+            if not stage.built_for(self.options.target):
                 rows.append(StageRow(stage.name, "not built", note=f"planned: {stage.planned}"))
                 blocked = f"needs {stage.name}"
                 continue

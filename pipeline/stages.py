@@ -21,8 +21,9 @@ class Stage:
     sources: tuple[str, ...] = ()  # the stage's own code, relative to the project root
     entry: str | None = None  # "module:function" running the stage; None: not built yet
     keys: str | None = None  # "module" with key_parts()/remember() for dynamic key parts
-    publish: tuple[str, ...] = ()  # artifacts copied into the build folder
-    planned: str = ""  # for a stage not built yet: where it is planned
+    publish: tuple[str, ...] = ()  # artifacts copied into the build folder ("dir/" for a folder)
+    targets: tuple[str, ...] = ("cpu", "cuda")  # the targets the stage is built for
+    planned: str = ""  # for a stage, or a target of it, not built yet: where it is planned
     upstream: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
@@ -32,6 +33,9 @@ class Stage:
     @property
     def built(self) -> bool:
         return self.entry is not None
+
+    def built_for(self, target: str) -> bool:
+        return self.built and target in self.targets
 
 
 TRACE_CONFIG = (
@@ -74,14 +78,23 @@ STAGES: tuple[Stage, ...] = (
         "one source file per kernel and a standalone tune.py",
         reads=("schedule/schedule.json",),
         env=("target",),
-        planned="issues #4, #5",
+        sources=("tasks/gen_tuning", "tasks/codegen", "tasks/tune", "tasks/schedule/model.py",
+                 "tasks/schedule/kernel_loops.py", "tasks/ir", "runtime/kiln_cpu.h"),
+        entry="tasks.gen_tuning.stage:run",
+        publish=("tune.py", "kernels.json", "kernels/"),
+        targets=("cpu",),
+        planned="cuda: issue #5",
     ),
     Stage(
         "autotune",
         "tune every kernel on random inputs; compile the winners",
         reads=("gen-tuning-code/kernels.json",),
-        env=("target",),
-        planned="issues #4, #5",
+        env=("target", "cxx"),
+        sources=("tasks/autotune", "tasks/tune"),
+        entry="tasks.autotune.stage:run",
+        publish=("timings.json",),
+        targets=("cpu",),
+        planned="cuda: issue #5",
     ),
     Stage(
         "gen-cpp",

@@ -17,10 +17,16 @@ from tests.conftest import kiln, python_path
 
 
 def _entries(cache_dir: Path) -> list[Path]:
-    return sorted((cache_dir / "store" / "objects").glob("*/*"))
+    """Stage entries (per-item entries, like autotune's per kernel, apart)."""
+    found = (cache_dir / "store" / "objects").glob("*/*")
+    return sorted(p for p in found if not p.parent.name.endswith(".items"))
 
 
-BUILT = sum(stage.built for stage in STAGES)  # one cache entry per built stage per compile
+def _items(cache_dir: Path) -> list[Path]:
+    return sorted((cache_dir / "store" / "objects").glob("*.items/*"))
+
+
+BUILT = sum(stage.built_for("cpu") for stage in STAGES)  # one cache entry per stage built for cpu
 
 
 def test_unknown_model(tmp_path: Path) -> None:
@@ -65,6 +71,7 @@ def test_cache_info_gc_clear(project: Path, tmp_path: Path) -> None:
     gc = kiln(["cache", "gc", "--max-size", "0"], cache_dir)
     assert "removed 0 entries" in gc.stdout  # the latest build's entries are kept
     assert len(_entries(cache_dir)) == BUILT
+    assert _items(cache_dir)  # and the per-kernel tuning records it used
     bad = kiln(["cache", "gc", "--max-size", "lots"], cache_dir, check=False)
     assert bad.returncode == 1
     kiln(["cache", "clear"], cache_dir)

@@ -1,0 +1,60 @@
+"""The autotune stage's entry: kernels.json -> tuning.json, one cache entry per kernel.
+
+Note: each kernel's record is cached under a key of its own (its variants' sources, the
+compiler and flags, the tuner's code), so a one-layer edit re-tunes only the kernels whose
+source changed; all the others are found in the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cache.hashing import digest_file, digest_json, pretty_json
+from pipeline.job import StageJob
+from tasks.tune import cpu_tune
+
+TUNING = "tuning.json"  # decisions only: what later stages read, so it is deterministic
+TIMINGS = "timings.json"  # the measurements behind them, for people and the report
+REPEAT = 10
+
+
+def run(job: StageJob) -> Mapping[str, Any]:
+    kernels_json = job.input("gen-tuning-code/kernels.json")
+    spec = json.loads(kernels_json.read_text())
+    folder = kernels_json.parent / spec["folder"]
+    compiler = [shutil.which(spec["compiler"][0]) or spec["compiler"][0], *spec["compiler"][1:]]
+    items = job.items()
+    tuner = digest_file(Path(cpu_tune.__file__))
+    records: dict[str, Any] = {}
+    hits = 0
+    used: list[str] = []
+    for entry in spec["kernels"]:
+        parts = _item_parts(entry, folder, spec["compiler"], job.env, tuner)
+
+        def compute(out: Path, entry: dict[str, Any] = entry) -> dict[str, Any]:
+            record = cpu_tune.tune_kernel(entry, folder, compiler, REPEAT)
+            (out / "record.json").write_text(pretty_json(record))
+            return {"variant": record["variant"]}
+
+        item, hit = items.get_or_compute(parts, compute)
+        hits += hit
+        used.append(f"{item.stage}/{item.key}")
+        records[entry["key"]] = json.loads(item.file("record.json").read_text())
+    decisions = {key: {"variant": r["variant"], "config": r["config"]} for key, r in records.items()}
+    (job.out_dir / TUNING).write_text(pretty_json(decisions))
+    (job.out_dir / TIMINGS).write_text(pretty_json(records))
+    note = f"{len(records)} kernels tuned ({hits} cached)"
+    return {"kernels": len(records), "cached": hits, "items": used, "summary": note}
+
+
+def _item_parts(entry: dict[str, Any], folder: Path, compiler: list[str], env: Mapping[str, str],
+                tuner: str) -> dict[str, str]:
+    sources = [[v["name"], digest_file(folder / v["file"])] for v in entry["variants"]]
+    header = digest_file(folder / "kiln_cpu.h")
+    return {"kernel": entry["key"], "sources": digest_json(sources), "header": header,
+            "params": digest_json(entry["params"]), "compiler": digest_json(compiler),
+            "cxx": env.get("cxx", ""), "tuner": tuner}

@@ -23,6 +23,9 @@ class ItemCache:
     def key(parts: Mapping[str, str]) -> str:
         return digest_json(sorted(parts.items()))
 
+    def lookup(self, parts: Mapping[str, str]) -> Entry | None:
+        return self.store.lookup(self.namespace, self.key(parts))
+
     def get_or_compute(self, parts: Mapping[str, str], compute: Compute) -> tuple[Entry, bool]:
         """The item's entry and whether it was a hit. `compute(folder)` writes the item's files
         and returns notes for its meta.json; it runs at most once per key across processes."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,18 +33,23 @@ def run(job: StageJob) -> Mapping[str, Any]:
     records: dict[str, Any] = {}
     hits = 0
     used: list[str] = []
-    for entry in spec["kernels"]:
-        parts = _item_parts(entry, folder, spec["compiler"], job.env, tuner)
+    parts = {e["key"]: _item_parts(e, folder, spec["compiler"], job.env, tuner) for e in spec["kernels"]}
+    missing = [e for e in spec["kernels"] if items.lookup(parts[e["key"]]) is None]
+    with tempfile.TemporaryDirectory() as tmp:
+        # Note: the builds of every kernel not in the cache run in parallel first; timing then
+        # runs one kernel at a time, so no two measurements share the CPU.
+        built = cpu_tune.build_variants(missing, folder, compiler, Path(tmp))
+        for entry in spec["kernels"]:
 
-        def compute(out: Path, entry: dict[str, Any] = entry) -> dict[str, Any]:
-            record = cpu_tune.tune_kernel(entry, folder, compiler, REPEAT)
-            (out / "record.json").write_text(pretty_json(record))
-            return {"variant": record["variant"]}
+            def compute(out: Path, entry: dict[str, Any] = entry) -> dict[str, Any]:
+                record = cpu_tune.tune_kernel(entry, folder, compiler, REPEAT, built.get(entry["key"]))
+                (out / "record.json").write_text(pretty_json(record))
+                return {"variant": record["variant"]}
 
-        item, hit = items.get_or_compute(parts, compute)
-        hits += hit
-        used.append(f"{item.stage}/{item.key}")
-        records[entry["key"]] = json.loads(item.file("record.json").read_text())
+            item, hit = items.get_or_compute(parts[entry["key"]], compute)
+            hits += hit
+            used.append(f"{item.stage}/{item.key}")
+            records[entry["key"]] = json.loads(item.file("record.json").read_text())
     decisions = {key: {"variant": r["variant"], "config": r["config"]} for key, r in records.items()}
     (job.out_dir / TUNING).write_text(pretty_json(decisions))
     (job.out_dir / TIMINGS).write_text(pretty_json(records))

@@ -15,12 +15,14 @@ import argparse
 import ctypes
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -77,34 +79,55 @@ def agrees(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
     return True
 
 
-def tune_kernel(entry: dict[str, Any], folder: Path, compiler: list[str], repeat: int) -> dict[str, Any]:
+Built = dict[str, "Path | str"]  # variant -> its library, or the build error
+
+
+def build_variants(entries: list[dict[str, Any]], folder: Path, compiler: list[str], into: Path,
+                   jobs: int | None = None) -> dict[str, Built]:
+    """Every variant of every kernel built, in parallel (compiles are independent; timing is not)."""
+    tasks = [(e["key"], v["name"], folder / v["file"], into / f"{e['key'][:16]}_{v['name']}.so")
+             for e in entries for v in e["variants"]]
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        errors = list(pool.map(lambda t: build(t[2], t[3], compiler, folder), tasks))
+    built: dict[str, Built] = {e["key"]: {} for e in entries}
+    for (key, name, _, lib), error in zip(tasks, errors, strict=True):
+        built[key][name] = lib if error is None else f"build failed: {error.strip().splitlines()[-1]}"
+    return built
+
+
+def tune_kernel(entry: dict[str, Any], folder: Path, compiler: list[str], repeat: int,
+                built: Built | None = None) -> dict[str, Any]:
     """Every variant of one kernel, timed and checked; the record of the winner."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if built is None:
+            built = build_variants([entry], folder, compiler, Path(tmp))[entry["key"]]
+        return _time_variants(entry, built, repeat)
+
+
+def _time_variants(entry: dict[str, Any], built: Built, repeat: int) -> dict[str, Any]:
     outputs = [i for i, p in enumerate(entry["params"]) if p["role"] != "in"]
     base = random_inputs(entry["params"])
     timings: dict[str, float | None] = {}
     errors: dict[str, str] = {}
     reference: list[torch.Tensor] | None = None
-    with tempfile.TemporaryDirectory() as tmp:
-        for variant in entry["variants"]:
-            name = variant["name"]
-            lib = Path(tmp) / f"{name}.so"
-            error = build(folder / variant["file"], lib, compiler, folder)
-            if error is not None:
-                timings[name], errors[name] = None, f"build failed: {error.strip().splitlines()[-1]}"
-                continue
-            tensors = [t.clone() for t in base]
-            try:
-                seconds = run_variant(lib, entry["function"], tensors, repeat)
-            except OSError as err:
-                timings[name], errors[name] = None, f"load failed: {err}"
-                continue
-            result = [tensors[i] for i in outputs]
-            if reference is None:
-                reference = result
-            elif not agrees(result, reference):
-                timings[name], errors[name] = None, "outputs differ from the default variant's"
-                continue
-            timings[name] = seconds
+    for variant in entry["variants"]:
+        name, lib = variant["name"], built[variant["name"]]
+        if isinstance(lib, str):
+            timings[name], errors[name] = None, lib
+            continue
+        tensors = [t.clone() for t in base]
+        try:
+            seconds = run_variant(lib, entry["function"], tensors, repeat)
+        except OSError as err:
+            timings[name], errors[name] = None, f"load failed: {err}"
+            continue
+        result = [tensors[i] for i in outputs]
+        if reference is None:
+            reference = result
+        elif not agrees(result, reference):
+            timings[name], errors[name] = None, "outputs differ from the default variant's"
+            continue
+        timings[name] = seconds
     return _record(entry, timings, errors)
 
 

@@ -1,9 +1,8 @@
 """The Python surface: `compile(model, example_inputs)` on in-memory modules and
 `load(build_dir)`.
 
-They grow as the stages arrive. Today the stages up to the first one not yet built run and
-are cached exactly as for `kiln compile`; `load` needs the link stage's model.so and says so
-when a build does not have one.
+`compile` runs the stages exactly as `kiln compile` does (same cache) and loads the result;
+for a target whose back half is not built yet it returns the Build, whose report says so.
 """
 
 from __future__ import annotations
@@ -78,11 +77,7 @@ def _live_config(name: str, inputs: tuple[Any, ...], extra: dict[str, Any]) -> M
 
 
 def load(build_dir: Path | str) -> Any:
-    """Load a compiled model as a callable on torch tensors."""
-    path = Path(build_dir) / MODEL_SO
-    if not path.is_file():
-        raise KilnError(
-            f"{build_dir} has no {MODEL_SO}",
-            "the link stage produces it; it is not built in this version of kiln (issue #4)",
-        )
-    raise KilnError(f"loading {path} needs the runtime loader, which is not built yet (issue #4)")
+    """Load a compiled model as a callable on torch tensors (see pipeline.loader)."""
+    from pipeline.loader import load as load_build
+
+    return load_build(build_dir)

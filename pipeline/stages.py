@@ -47,6 +47,9 @@ TRACE_CONFIG = (
     "weights.checkpoint",
 )
 
+RUNTIME_FILES = tuple(f"runtime/{name}" for name in (
+    "kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h", "kiln_fallback.h"))
+
 STAGES: tuple[Stage, ...] = (
     Stage(
         "trace",
@@ -99,16 +102,25 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "gen-cpp",
         "the C++ wrapper that runs the schedule",
-        reads=("schedule/schedule.json", "autotune/tuning.json"),
+        reads=("schedule/schedule.json", "autotune/tuning.json", "lower/signature.json"),
         env=("target",),
-        planned="issue #4",
+        sources=("tasks/gen_cpp", "tasks/codegen/cpp_kernel.py", "tasks/codegen/cpp_expr.py",
+                 "tasks/schedule/model.py", "tasks/schedule/kernel_loops.py", "tasks/ir"),
+        entry="tasks.gen_cpp.stage:run",
+        publish=("model.json",),
+        targets=("cpu",),
+        planned="cuda: issue #6",
     ),
     Stage(
         "link",
         "model.so against kiln_model.h and torch's stable C shim",
         reads=("gen-cpp/wrapper.cpp", "autotune/tuning.json"),
-        env=("target", "cxx"),
-        planned="issue #4",
+        env=("target", "cxx", "torch"),
+        sources=("tasks/link", "tasks/codegen/cpp_build.py", *RUNTIME_FILES),
+        entry="tasks.link.stage:run",
+        publish=("model.so", "kiln_model.h"),
+        targets=("cpu",),
+        planned="cuda: issue #6",
     ),
 )
 

@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import digest_file, digest_json, pretty_json
+from pipeline.errors import KilnError
 from pipeline.job import StageJob
 from tasks.tune import cpu_tune
 
 TUNING = "tuning.json"  # decisions only: what later stages read, so it is deterministic
 TIMINGS = "timings.json"  # the measurements behind them, for people and the report
+OBJECTS = "objects"  # <key16>.o: each kernel's winning variant, compiled; link links them
+OBJECT = "kernel.o"
 REPEAT = 10
 
 
@@ -35,6 +38,8 @@ def run(job: StageJob) -> Mapping[str, Any]:
     used: list[str] = []
     parts = {e["key"]: _item_parts(e, folder, spec["compiler"], job.env, tuner) for e in spec["kernels"]}
     missing = [e for e in spec["kernels"] if items.lookup(parts[e["key"]]) is None]
+    objects = job.out_dir / OBJECTS
+    objects.mkdir()
     with tempfile.TemporaryDirectory() as tmp:
         # Note: the builds of every kernel not in the cache run in parallel first; timing then
         # runs one kernel at a time, so no two measurements share the CPU.
@@ -42,19 +47,35 @@ def run(job: StageJob) -> Mapping[str, Any]:
         for entry in spec["kernels"]:
 
             def compute(out: Path, entry: dict[str, Any] = entry) -> dict[str, Any]:
-                record = cpu_tune.tune_kernel(entry, folder, compiler, REPEAT, built.get(entry["key"]))
-                (out / "record.json").write_text(pretty_json(record))
-                return {"variant": record["variant"]}
+                return _tune(entry, folder, compiler, built.get(entry["key"]), out)
 
             item, hit = items.get_or_compute(parts[entry["key"]], compute)
             hits += hit
             used.append(f"{item.stage}/{item.key}")
             records[entry["key"]] = json.loads(item.file("record.json").read_text())
-    decisions = {key: {"variant": r["variant"], "config": r["config"]} for key, r in records.items()}
+            shutil.copyfile(item.file(OBJECT), objects / f"{entry['key'][:16]}.o")
+    decisions = {key: {"variant": r["variant"], "config": r["config"],
+                       "object": digest_file(objects / f"{key[:16]}.o")} for key, r in records.items()}
     (job.out_dir / TUNING).write_text(pretty_json(decisions))
     (job.out_dir / TIMINGS).write_text(pretty_json(records))
     note = f"{len(records)} kernels tuned ({hits} cached)"
     return {"kernels": len(records), "cached": hits, "items": used, "summary": note}
+
+
+def _tune(entry: dict[str, Any], folder: Path, compiler: list[str], built: cpu_tune.Built | None,
+          out: Path) -> dict[str, Any]:
+    """One kernel's cache item: its record, and the object of the winning variant."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if built is None:
+            built = cpu_tune.build_variants([entry], folder, compiler, Path(tmp))[entry["key"]]
+        record = cpu_tune.tune_kernel(entry, folder, compiler, REPEAT, built)
+        winner = built[record["variant"]]
+        if isinstance(winner, str):
+            raise KilnError(f"kernel {entry['names'][0]}: no variant builds ({winner})",
+                            "this is a bug in kiln's C++ code generation; please report it")
+        shutil.copyfile(winner.with_suffix(".o"), out / OBJECT)
+    (out / "record.json").write_text(pretty_json(record))
+    return {"variant": record["variant"]}
 
 
 def _item_parts(entry: dict[str, Any], folder: Path, compiler: list[str], env: Mapping[str, str],

@@ -43,7 +43,7 @@ def function_name(k: Kernel) -> str:
 
 
 def kernel_source(k: Kernel, variant: CpuVariant, function: str | None = None) -> str:
-    params = ", ".join(_param_decl(p.spec, p.role) for p in k.params)
+    params = ", ".join(param_decl(p.spec, p.role) for p in k.params)
     includes = ['#include "kiln_cpu.h"']
     if variant.split_r:
         includes += ["#include <omp.h>", "#include <memory>"]
@@ -59,7 +59,7 @@ def kernel_source(k: Kernel, variant: CpuVariant, function: str | None = None) -
     return "\n".join(lines) + "\n"
 
 
-def _param_decl(b: Buffer, role: str) -> str:
+def param_decl(b: Buffer, role: str) -> str:
     const = "const " if role == "in" else ""
     return f"{const}{CTYPES[b.dtype]}* __restrict {b.name}"
 

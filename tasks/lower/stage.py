@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cache.hashing import canonical_json
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
 from tasks.ir import serialize
@@ -17,6 +18,7 @@ from tasks.lower.program import lower_program
 
 IR = "ir.json"
 IR_TEXT = "ir.txt"
+SIGNATURE = "signature.json"  # the model's input and output structure, for the loader
 PROGRAM = "trace/program.json"
 
 
@@ -32,7 +34,15 @@ def run(job: StageJob) -> Mapping[str, Any]:
     out = job.out_dir
     (out / IR).write_bytes(serialize.dumps(graph))
     (out / IR_TEXT).write_text(graph_text(graph))
+    (out / SIGNATURE).write_bytes(canonical_json(signature(program)))
     return summary(graph)
+
+
+def signature(program: Any) -> dict[str, Any]:
+    """The pytree specs of the model's inputs and outputs, as torch.export serialized them."""
+    calls = program["graph_module"].get("module_call_graph") or [{}]
+    sig = calls[0].get("signature") or {}
+    return {"in_spec": sig.get("in_spec"), "out_spec": sig.get("out_spec")}
 
 
 def check_targets(data: Any, source_map: Mapping[str, str]) -> None:

@@ -50,10 +50,20 @@ def random_inputs(params: list[dict[str, Any]], seed: int = 0) -> list[torch.Ten
 
 
 def build(source: Path, out: Path, compiler: list[str], include: Path) -> str | None:
-    """The build error, or None."""
-    proc = subprocess.run([*compiler, f"-I{include}", str(source), "-o", str(out)],
-                          capture_output=True, text=True, check=False)
-    return None if proc.returncode == 0 else proc.stderr[-2000:]
+    """Compiles `source` (under `include`) to out.o, then links out; the build error, or None.
+
+    Note: the compile runs in `include` on a relative path, so the object names no absolute
+    path: it is byte-identical wherever the kernels folder lives, and is what the model links.
+    """
+    flags = [f for f in compiler[1:] if f != "-shared"]
+    obj = out.with_suffix(".o")
+    steps = [[compiler[0], *flags, "-I.", "-c", str(source.relative_to(include)), "-o", str(obj)],
+             [compiler[0], "-shared", *(f for f in flags if f == "-fopenmp"), str(obj), "-o", str(out)]]
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=include)
+        if proc.returncode != 0:
+            return proc.stderr[-2000:]
+    return None
 
 
 def run_variant(lib_path: Path, function: str, tensors: list[torch.Tensor], repeat: int) -> float:

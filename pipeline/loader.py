@@ -1,0 +1,175 @@
+"""Loading a build: model.so through its C API (runtime/kiln_model.h), as a callable on tensors.
+
+Tensors cross as torch's stable C shim handles: `unsafe_alloc_void_ptrs_from_tensors` gives a
+new handle per input (deleted after the call), and outputs come back as new handles that
+`alloc_tensors_by_stealing_from_void_ptrs` turns into tensors without a copy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import KilnError
+
+MODEL_SO = "model.so"
+WEIGHTS = "weights.safetensors"
+MODEL_JSON = "model.json"
+ABI_VERSION = 1  # KILN_ABI_VERSION in runtime/kiln_model.h
+_BAD_ARGUMENT, _BAD_WEIGHTS = 1, 2
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class ModelInputError(ValueError):
+    """Inputs a compiled model cannot take: their number, shape, dtype or device."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str  # torch's name: "float32", "int64", ...
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    size, model = ctypes.c_size_t, ctypes.c_void_p
+    lib.kiln_abi_version.restype = ctypes.c_int
+    lib.kiln_last_error.restype = ctypes.c_char_p
+    lib.kiln_model_create.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.kiln_model_destroy.argtypes = [model]
+    lib.kiln_model_run.argtypes = [model, ctypes.c_void_p, size, ctypes.c_void_p, size]
+    for side in ("input", "output"):
+        getattr(lib, f"kiln_model_num_{side}s").argtypes = [model]
+        getattr(lib, f"kiln_model_num_{side}s").restype = size
+        for what, restype in (("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p), ("ndim", size),
+                              ("sizes", ctypes.POINTER(ctypes.c_int64)),
+                              ("strides", ctypes.POINTER(ctypes.c_int64))):
+            fn = getattr(lib, f"kiln_model_{side}_{what}")
+            fn.argtypes, fn.restype = [model, size], restype
+    lib.kiln_model_target.restype = ctypes.c_char_p
+    lib.aoti_torch_delete_tensor_object.argtypes = [ctypes.c_void_p]
+
+
+class CompiledModel:
+    """A model.so and its weights: call it with the model's inputs, get its outputs."""
+
+    def __init__(self, build_dir: Path) -> None:
+        import torch  # noqa: F401  (model.so needs libtorch loaded first)
+
+        self.build_dir = build_dir
+        self._lib = ctypes.CDLL(str(build_dir / MODEL_SO))
+        _declare(self._lib)
+        version = self._lib.kiln_abi_version()
+        if version != ABI_VERSION:
+            raise KilnError(f"{build_dir / MODEL_SO} has ABI version {version}; this kiln loads {ABI_VERSION}",
+                            "recompile the model with this version of kiln")
+        handle = ctypes.c_void_p()
+        if self._lib.kiln_model_create(str(build_dir / WEIGHTS).encode(), ctypes.byref(handle)) != 0:
+            raise KilnError(f"cannot create the model from {build_dir / WEIGHTS}: {self._error()}",
+                            "use the weights file written by the same compile (kiln compile MODEL)")
+        self._handle = handle
+        self._lock = threading.Lock()
+        self.inputs = self._infos("input")
+        self.outputs = self._infos("output")
+        self.target = self._lib.kiln_model_target().decode()
+        self._out_spec = _out_spec(build_dir / MODEL_JSON, len(self.outputs))
+
+    def _error(self) -> str:
+        return str(self._lib.kiln_last_error().decode(errors="replace"))
+
+    def _infos(self, side: str) -> tuple[TensorInfo, ...]:
+        lib, h = self._lib, self._handle
+        found = []
+        for i in range(getattr(lib, f"kiln_model_num_{side}s")(h)):
+            ndim = getattr(lib, f"kiln_model_{side}_ndim")(h, i)
+            sizes = getattr(lib, f"kiln_model_{side}_sizes")(h, i)
+            strides = getattr(lib, f"kiln_model_{side}_strides")(h, i)
+            found.append(TensorInfo(getattr(lib, f"kiln_model_{side}_name")(h, i).decode(),
+                                    tuple(sizes[d] for d in range(ndim)), tuple(strides[d] for d in range(ndim)),
+                                    getattr(lib, f"kiln_model_{side}_dtype")(h, i).decode()))
+        return tuple(found)
+
+    def __call__(self, *args: Any) -> Any:
+        import torch
+
+        self._check(args)
+        capsules = torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(list(args))
+        handles = [_capsule_pointer(c, None) for c in capsules]
+        ins = (ctypes.c_void_p * max(1, len(handles)))(*handles)
+        outs = (ctypes.c_void_p * max(1, len(self.outputs)))()
+        try:
+            status = self._lib.kiln_model_run(self._handle, ins, len(handles), outs, len(self.outputs))
+        finally:
+            for h in handles:
+                self._lib.aoti_torch_delete_tensor_object(h)
+        if status != 0:
+            message = self._error()
+            raise (ModelInputError if status == _BAD_ARGUMENT else RuntimeError)(message)
+        flat = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs(
+            [_capsule_new(outs[i], None, None) for i in range(len(self.outputs))])
+        return _unflatten(flat, self._out_spec)
+
+    def _check(self, args: tuple[Any, ...]) -> None:
+        """The checks that need Python's view (types); shapes and dtypes are checked in C."""
+        import torch
+
+        if len(args) != len(self.inputs):
+            names = ", ".join(i.name for i in self.inputs)
+            raise ModelInputError(f"the model takes {len(self.inputs)} inputs ({names}), got {len(args)}")
+        for info, arg in zip(self.inputs, args, strict=True):
+            if not isinstance(arg, torch.Tensor):
+                raise ModelInputError(f"input '{info.name}' is a {type(arg).__name__}, not a torch.Tensor")
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle is not None and handle.value:
+            self._lib.kiln_model_destroy(handle)
+            self._handle = ctypes.c_void_p()
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in self.inputs)
+        return f"CompiledModel({self.build_dir}, target={self.target}, inputs=({ins}))"
+
+
+def _out_spec(path: Path, outputs: int) -> Any:
+    """The output structure (a pytree spec), or None for a flat tuple of outputs."""
+    if not path.is_file():
+        return None
+    spec = json.loads(path.read_text()).get("out_spec")
+    if spec is None:
+        return None
+    from torch.utils import _pytree
+
+    try:
+        tree = _pytree.treespec_loads(json.dumps(spec))
+    except Exception:  # a container type this process has not registered: fall back to flat
+        return None
+    return tree if tree.num_leaves == outputs else None
+
+
+def _unflatten(flat: list[Any], spec: Any) -> Any:
+    if spec is None:
+        return flat[0] if len(flat) == 1 else tuple(flat)
+    from torch.utils import _pytree
+
+    return _pytree.tree_unflatten(flat, spec)
+
+
+def load(build_dir: Path | str) -> CompiledModel:
+    path = Path(build_dir)
+    if not (path / MODEL_SO).is_file():
+        raise KilnError(f"{path} has no {MODEL_SO}", "compile the model first: kiln compile MODEL --out DIR")
+    if not (path / WEIGHTS).is_file():
+        raise KilnError(f"{path} has no {WEIGHTS}", "a build folder holds model.so and its weights file")
+    return CompiledModel(path)

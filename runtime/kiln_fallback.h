@@ -1,0 +1,294 @@
+// Calling an aten op kiln does not compile (a Fallback node) through torch's stable C shim:
+// the generated block pushes the op's arguments in schema order, calls the dispatcher, and
+// copies each returned tensor into kiln's preallocated output. Only the C shims are included
+// (no ATen, no torch/csrc/stable C++ headers), so a wrapper still compiles in well under a second.
+#pragma once
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/c/shim.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <limits>  // the generated code spells inf and nan with it
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+// Note: torch_call_dispatcher, stable lists and strings came in torch 2.10; a version macro a
+// torch does not define reads as 0 in #if, hence `defined` before each comparison.
+#if !defined(TORCH_VERSION_2_10_0) || TORCH_FEATURE_VERSION < TORCH_VERSION_2_10_0
+#error "kiln_fallback.h needs torch >= 2.10 (torch_call_dispatcher and stable lists)"
+#endif
+#if defined(TORCH_VERSION_2_13_0) && TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
+#define KILN_TORCH_2_13 1
+#else
+#define KILN_TORCH_2_13 0
+#endif
+
+namespace kiln {
+
+// Note: how a StableIValue (a uint64_t) carries each schema type, as torch's own
+// stableivalue_conversions.h and the dispatcher's to_ivalue/from_ivalue (shim_common.cpp) do:
+//   int, SymInt: the int64_t's bits; float: the double's bits; bool: 0 or 1 in the low byte.
+//   ScalarType, Layout, MemoryFormat: the shim's int32_t code (aoti_torch_dtype_float32() ...)
+//     in the low 4 bytes, never c10's enum value: the shim translates.
+//   Device: device index in the low 32 bits, shim device type in the high 32 bits.
+//   Tensor: an AtenTensorHandle that the dispatcher takes over and deletes (so we pass a new
+//     reference, never the caller's); a returned tensor is a new handle we must delete.
+//   T? : 0 for None, else a pointer to a heap StableIValue holding the T, which the dispatcher
+//     frees (torch_new_stable_ivalue / torch_delete_stable_ivalue from 2.13, new / delete before).
+//   T[] : a StableListHandle (torch_new_list_reserve_size, torch_list_push_back), freed with
+//     its elements by the dispatcher; a returned Tensor[] is a list we free ourselves.
+//   str: a StringHandle (torch_new_string_handle), freed by the dispatcher.
+// `Scalar` (NumberType) and Generator (before 2.13) have no conversion: the dispatcher fails.
+using StableValue = uint64_t;
+
+namespace detail {
+
+template <typename T>
+inline StableValue bits_of(T value) {
+  static_assert(sizeof(T) <= sizeof(StableValue), "a stack slot holds 64 bits");
+  StableValue bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  return bits;
+}
+
+template <typename T>
+inline T value_of(StableValue bits) {
+  T value;
+  std::memcpy(&value, &bits, sizeof(T));
+  return value;
+}
+
+}  // namespace detail
+
+// The kind of each value a call returns, as the generator reads it from the schema.
+enum class Ret : uint8_t { kTensor, kTensorList };
+
+class FallbackCall {
+ public:
+  // op: "aten::cumsum"; overload: "" for default; what: "aten.cumsum.default", for errors.
+  FallbackCall(const char* op, const char* overload, const char* what)
+      : op_(op), overload_(overload), what_(what) {}
+  FallbackCall(const FallbackCall&) = delete;
+  FallbackCall& operator=(const FallbackCall&) = delete;
+  ~FallbackCall() {
+    for (Owned& o : args_) release(o);
+    for (Owned& o : rets_) release(o);
+  }
+
+  void push_tensor(AtenTensorHandle borrowed) {
+    AtenTensorHandle fresh = nullptr;
+    check(aoti_torch_new_tensor_handle(borrowed, &fresh), "aoti_torch_new_tensor_handle");
+    args_.push_back(Owned{Kind::kTensor, detail::bits_of(fresh), {}});
+  }
+  void push_int(int64_t v) { push_plain(detail::bits_of(v)); }
+  void push_double(double v) { push_plain(detail::bits_of(v)); }
+  void push_bool(bool v) { push_plain(detail::bits_of(v)); }
+  void push_none() { push_plain(0); }
+  void push_dtype(int32_t shim_dtype) { push_plain(detail::bits_of(shim_dtype)); }  // aoti_torch_dtype_*()
+  void push_enum(int32_t shim_code) { push_plain(detail::bits_of(shim_code)); }  // aoti_torch_layout_*() ...
+  void push_device(int32_t shim_device_type, int32_t index) {
+    push_plain(static_cast<StableValue>(static_cast<uint32_t>(index)) |
+               (static_cast<StableValue>(static_cast<uint32_t>(shim_device_type)) << 32));
+  }
+  void push_string(const char* text) {
+    StringHandle handle = nullptr;
+    check(torch_new_string_handle(text, std::strlen(text), &handle), "torch_new_string_handle");
+    args_.push_back(Owned{Kind::kString, detail::bits_of(handle), {}});
+  }
+
+  // The value pushed last becomes the present value of an optional (`T?`) argument.
+  void wrap_optional() {
+    const size_t frame = list_starts_.empty() ? 0 : list_starts_.back();
+    if (args_.size() <= frame) fail("wrap_optional() with no value to wrap");
+    Owned boxed{Kind::kBox, 0, {}};
+    boxed.items.reserve(1);
+    StableValue* box = new_box();
+    *box = args_.back().value;
+    boxed.value = detail::bits_of(box);
+    boxed.items.push_back(std::move(args_.back()));
+    args_.back() = std::move(boxed);
+  }
+
+  // The values pushed between begin_list() and end_list() become one list argument.
+  void begin_list() { list_starts_.push_back(args_.size()); }
+  void end_list() {
+    if (list_starts_.empty()) fail("end_list() without begin_list()");
+    const size_t start = list_starts_.back();
+    Owned list{Kind::kList, 0, {}};
+    list.items.reserve(args_.size() - start);
+    StableListHandle handle = nullptr;
+    check(torch_new_list_reserve_size(args_.size() - start, &handle), "torch_new_list_reserve_size");
+    list.value = detail::bits_of(handle);
+    for (size_t i = start; i < args_.size(); ++i) {
+      if (torch_list_push_back(handle, args_[i].value) != AOTI_TORCH_SUCCESS) {
+        torch_delete_list(handle);  // the elements are still in args_, freed with them
+        fail("torch_list_push_back failed: " + last_error());
+      }
+    }
+    for (size_t i = start; i < args_.size(); ++i) list.items.push_back(std::move(args_[i]));
+    args_.resize(start);
+    list_starts_.pop_back();
+    args_.push_back(std::move(list));
+  }
+  void push_int_list(std::initializer_list<int64_t> values) {
+    begin_list();
+    for (int64_t v : values) push_int(v);
+    end_list();
+  }
+
+  // Calls the op; its returns (ret0 first) then wait for copy_tensor / copy_tensor_list.
+  void run(std::initializer_list<Ret> returns) {
+    if (ran_) fail("run() twice");
+    if (!list_starts_.empty()) fail("a list was begun and never ended");
+    ran_ = true;
+    std::vector<StableValue> stack(std::max(args_.size(), returns.size()), 0);
+    for (size_t i = 0; i < args_.size(); ++i) stack[i] = args_[i].value;
+    rets_.reserve(returns.size());
+    // Note: the dispatcher owns every argument from here on, whether or not it succeeds: it
+    // converts them all into IValues (deleting our handles, boxes and lists) before it can fail
+    // in the op itself. A failure before that (an op name torch does not know, a schema type
+    // with no conversion) leaks them; the generator checks both against torch's schema.
+    for (Owned& o : args_) forget(o);
+    args_.clear();
+    if (torch_call_dispatcher(op_, overload_, stack.data(), TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS) {
+      fail(last_error());
+    }
+    size_t slot = 0;
+    for (Ret r : returns) {
+      rets_.push_back(Owned{r == Ret::kTensor ? Kind::kTensor : Kind::kList, stack[slot++], {}});
+    }
+    for (Owned& ret : rets_) {
+      if (ret.kind == Kind::kList) read_tensor_list(ret);
+    }
+  }
+
+  // Copies return `index` into `out` (borrowed, already of the right shape) and frees it.
+  void copy_tensor(size_t index, AtenTensorHandle out) {
+    Owned& ret = returned(index, Kind::kTensor);
+    const AOTITorchError err = aoti_torch_copy_(out, detail::value_of<AtenTensorHandle>(ret.value), 0);
+    release(ret);
+    if (err != AOTI_TORCH_SUCCESS) fail("copying return " + std::to_string(index) + ": " + last_error());
+  }
+
+  // Copies the tensors of a returned Tensor[] into `outs`, one each, and frees them.
+  void copy_tensor_list(size_t index, std::initializer_list<AtenTensorHandle> outs) {
+    Owned& ret = returned(index, Kind::kList);
+    if (ret.items.size() != outs.size()) {
+      fail("return " + std::to_string(index) + " holds " + std::to_string(ret.items.size()) +
+           " tensors, kiln expected " + std::to_string(outs.size()));
+    }
+    size_t i = 0;
+    for (AtenTensorHandle out : outs) {
+      const AtenTensorHandle item = detail::value_of<AtenTensorHandle>(ret.items[i++].value);
+      if (aoti_torch_copy_(out, item, 0) != AOTI_TORCH_SUCCESS) {
+        fail("copying return " + std::to_string(index) + ": " + last_error());  // ~ frees ret
+      }
+    }
+    release(ret);
+  }
+
+ private:
+  enum class Kind : uint8_t { kPlain, kTensor, kString, kBox, kList };
+  // A stack value and what it owns: a box owns its one value, a list its elements.
+  struct Owned {
+    Kind kind;
+    StableValue value;
+    std::vector<Owned> items;
+  };
+
+  void push_plain(StableValue bits) { args_.push_back(Owned{Kind::kPlain, bits, {}}); }
+
+  StableValue* new_box() const {
+#if KILN_TORCH_2_13
+    StableValue* box = nullptr;
+    check(torch_new_stable_ivalue(&box), "torch_new_stable_ivalue");
+    return box;
+#else
+    return new StableValue(0);
+#endif
+  }
+
+  // A returned Tensor[]: its elements become ours, so the destructor frees them too.
+  void read_tensor_list(Owned& list) const {
+    const auto handle = detail::value_of<StableListHandle>(list.value);
+    size_t size = 0;
+    check(torch_list_size(handle, &size), "torch_list_size");
+    list.items.reserve(size);
+    for (size_t i = 0; i < size; ++i) {
+      StableValue item = 0;
+      check(torch_list_get_item(handle, i, &item), "torch_list_get_item");
+      list.items.push_back(Owned{Kind::kTensor, item, {}});
+    }
+  }
+
+  Owned& returned(size_t index, Kind kind) {
+    if (index >= rets_.size() || rets_[index].kind != kind) {
+      fail("return " + std::to_string(index) + " is missing, already copied, or of another kind");
+    }
+    return rets_[index];
+  }
+
+  static void forget(Owned& o) noexcept {
+    o.kind = Kind::kPlain;
+    o.items.clear();
+  }
+
+  // Frees what o owns, deepest first. Error codes are ignored: this runs in the destructor.
+  static void release(Owned& o) noexcept {
+    for (Owned& item : o.items) release(item);
+    switch (o.kind) {
+      case Kind::kTensor:
+        aoti_torch_delete_tensor_object(detail::value_of<AtenTensorHandle>(o.value));
+        break;
+      case Kind::kString:
+        torch_delete_string(detail::value_of<StringHandle>(o.value));
+        break;
+      case Kind::kBox:
+#if KILN_TORCH_2_13
+        torch_delete_stable_ivalue(detail::value_of<StableValue*>(o.value));
+#else
+        delete detail::value_of<StableValue*>(o.value);
+#endif
+        break;
+      case Kind::kList:
+        torch_delete_list(detail::value_of<StableListHandle>(o.value));
+        break;
+      case Kind::kPlain:
+        break;
+    }
+    forget(o);
+  }
+
+  static std::string last_error() {
+#if KILN_TORCH_2_13
+    const char* what = torch_exception_get_what_without_backtrace();
+    return what != nullptr ? what : "unknown error";
+#else
+    return "an error in torch (torch printed it to stderr)";
+#endif
+  }
+
+  void check(AOTITorchError err, const char* call) const {
+    if (err != AOTI_TORCH_SUCCESS) fail(std::string(call) + " failed: " + last_error());
+  }
+
+  [[noreturn]] void fail(const std::string& why) const {
+    throw std::runtime_error(std::string(what_) + " failed: " + why);
+  }
+
+  const char* op_;
+  const char* overload_;
+  const char* what_;
+  bool ran_ = false;
+  std::vector<Owned> args_;  // pushed, not yet handed to the dispatcher
+  std::vector<size_t> list_starts_;  // where each open list's elements begin in args_
+  std::vector<Owned> rets_;  // returned, not yet copied out
+};
+
+}  // namespace kiln

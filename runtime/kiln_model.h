@@ -1,0 +1,92 @@
+/* kiln_model.h: the C API of a model compiled by kiln (model.so).
+ *
+ * A model is created from its weights file, runs on input tensors into output tensors and is
+ * destroyed; its inputs and outputs can be listed with names, shapes and dtypes. Tensors are
+ * torch's stable C shim handles (AtenTensorHandle, torch/csrc/inductor/aoti_torch/c/shim.h);
+ * a C++ program makes them with aoti_torch_empty_strided or aoti_torch_create_tensor_from_blob
+ * and links libtorch_cpu, with no Python anywhere.
+ *
+ *   KilnModel* model = NULL;
+ *   if (kiln_model_create("build/mlp/weights.safetensors", &model) != 0) {
+ *     fprintf(stderr, "%s\n", kiln_last_error());
+ *   }
+ *   AtenTensorHandle outputs[1] = {NULL};    // NULL: the model allocates the output
+ *   kiln_model_run(model, inputs, 1, outputs, 1);
+ *   ...
+ *   aoti_torch_delete_tensor_object(outputs[0]);
+ *   kiln_model_destroy(model);
+ *
+ * Every function that can fail returns 0 on success and a non-zero code otherwise, with a
+ * message for kiln_last_error() (per thread). No exception and no abort crosses this API.
+ * One model runs one call at a time (it owns one scratch arena); create one per thread to run
+ * in parallel: they share nothing but the weights file's pages.
+ */
+#ifndef KILN_MODEL_H
+#define KILN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef KILN_ATEN_TENSOR_HANDLE_DECLARED
+#define KILN_ATEN_TENSOR_HANDLE_DECLARED
+/* The same type as shim.h's AtenTensorHandle. */
+struct AtenTensorOpaque;
+typedef struct AtenTensorOpaque* AtenTensorHandle;
+#endif
+
+typedef struct KilnModel KilnModel;
+
+enum KilnStatus {
+  KILN_OK = 0,
+  KILN_BAD_ARGUMENT = 1, /* wrong inputs or outputs: count, shape, dtype, device */
+  KILN_BAD_WEIGHTS = 2,  /* the weights file is missing, unreadable or for another model */
+  KILN_FAILED = 3        /* a kernel or an extern call failed */
+};
+
+/* The model's ABI version; a loader checks it before anything else. */
+#define KILN_ABI_VERSION 1
+int kiln_abi_version(void);
+
+/* The last error of this thread, "" when there is none. Valid until this thread's next call. */
+const char* kiln_last_error(void);
+
+/* Maps the weights file (or copies a tensor that is not aligned) and checks every entry the
+ * model needs against the model: name, dtype and shape. */
+int kiln_model_create(const char* weights_path, KilnModel** model);
+void kiln_model_destroy(KilnModel* model);
+
+/* inputs: one tensor per model input, in order, with the listed shape and dtype on the CPU
+ * (any strides: a tensor with other strides than listed is copied first).
+ * outputs: one slot per model output. A NULL slot receives a new tensor (the caller deletes it
+ * with aoti_torch_delete_tensor_object); a tensor in a slot is written in place and must have
+ * the listed shape, strides and dtype. */
+int kiln_model_run(KilnModel* model, const AtenTensorHandle* inputs, size_t num_inputs,
+                   AtenTensorHandle* outputs, size_t num_outputs);
+
+/* Inputs and outputs: names, shapes, strides and dtypes ("float32", "int64", ...).
+ * Pointers stay valid while the model lives. An index out of range gives NULL / 0. */
+size_t kiln_model_num_inputs(const KilnModel* model);
+size_t kiln_model_num_outputs(const KilnModel* model);
+const char* kiln_model_input_name(const KilnModel* model, size_t index);
+const char* kiln_model_output_name(const KilnModel* model, size_t index);
+const char* kiln_model_input_dtype(const KilnModel* model, size_t index);
+const char* kiln_model_output_dtype(const KilnModel* model, size_t index);
+size_t kiln_model_input_ndim(const KilnModel* model, size_t index);
+size_t kiln_model_output_ndim(const KilnModel* model, size_t index);
+const int64_t* kiln_model_input_sizes(const KilnModel* model, size_t index);
+const int64_t* kiln_model_output_sizes(const KilnModel* model, size_t index);
+const int64_t* kiln_model_input_strides(const KilnModel* model, size_t index);
+const int64_t* kiln_model_output_strides(const KilnModel* model, size_t index);
+
+/* The target the model was compiled for: "cpu" or "cuda". */
+const char* kiln_model_target(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_MODEL_H */

@@ -1,0 +1,445 @@
+// kiln_runtime.cpp: the definitions behind kiln_runtime.h and the C API of kiln_model.h.
+//
+// Compiled once per compiler and torch version (the link stage caches the object) and linked
+// into every model.so; it reads the tables the generated wrapper defines (kiln::program).
+#include "kiln_runtime.h"
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kiln_cpu.h"
+#include "kiln_safetensors.h"
+
+namespace kiln {
+
+constexpr size_t kAlign = 64;
+
+struct Error : std::runtime_error {
+  int status;
+  Error(int code, const std::string& what) : std::runtime_error(what), status(code) {}
+};
+
+void check(AOTITorchError err, const char* what) {
+  if (err != AOTI_TORCH_SUCCESS) throw Error(KILN_FAILED, std::string(what) + " failed in torch (see stderr)");
+}
+
+namespace {
+
+struct DTypeInfo {
+  const char* torch_name;
+  const char* safetensors_name;
+  size_t itemsize;
+};
+
+const DTypeInfo& info(DType d) {
+  static const DTypeInfo table[] = {
+      {"bool", "BOOL", 1},   {"uint8", "U8", 1},   {"int8", "I8", 1},      {"int16", "I16", 2},
+      {"int32", "I32", 4},   {"int64", "I64", 8},  {"float16", "F16", 2},  {"bfloat16", "BF16", 2},
+      {"float32", "F32", 4}, {"float64", "F64", 8},
+  };
+  return table[static_cast<int>(d)];
+}
+
+int32_t aoti_dtype(DType d) {
+  switch (d) {
+    case DType::B8: return aoti_torch_dtype_bool();
+    case DType::U8: return aoti_torch_dtype_uint8();
+    case DType::I8: return aoti_torch_dtype_int8();
+    case DType::I16: return aoti_torch_dtype_int16();
+    case DType::I32: return aoti_torch_dtype_int32();
+    case DType::I64: return aoti_torch_dtype_int64();
+    case DType::F16: return aoti_torch_dtype_float16();
+    case DType::BF16: return aoti_torch_dtype_bfloat16();
+    case DType::F32: return aoti_torch_dtype_float32();
+    case DType::F64: return aoti_torch_dtype_float64();
+  }
+  return -1;
+}
+
+size_t nbytes(const TensorSpec& s) {
+  size_t span = 1;
+  for (int d = 0; d < s.ndim; ++d) {
+    if (s.sizes[d] == 0) return 0;
+    span += static_cast<size_t>((s.sizes[d] - 1) * s.strides[d]);
+  }
+  return span * info(s.dtype).itemsize;
+}
+
+struct FreeDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+using Block = std::unique_ptr<char, FreeDeleter>;
+
+Block allocate(size_t bytes) {
+  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  char* p = static_cast<char*>(std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded));
+  if (p == nullptr) throw Error(KILN_FAILED, "out of memory allocating " + std::to_string(bytes) + " bytes");
+  return Block(p);
+}
+
+}  // namespace
+
+// -- memory ----------------------------------------------------------------------------------
+
+void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
+                         const int64_t* sizes, int ndim, size_t itemsize) {
+  if (ndim == 0) {
+    std::memcpy(dst, src, itemsize);
+    return;
+  }
+  for (int d = 0; d < ndim; ++d)
+    if (sizes[d] == 0) return;
+  if (ndim == 1 && dst_strides[0] == 1 && src_strides[0] == 1) {
+    std::memcpy(dst, src, static_cast<size_t>(sizes[0]) * itemsize);
+    return;
+  }
+  for (int64_t i = 0; i < sizes[0]; ++i) {
+    copy_strided(static_cast<char*>(dst) + i * dst_strides[0] * static_cast<int64_t>(itemsize), dst_strides + 1,
+                 static_cast<const char*>(src) + i * src_strides[0] * static_cast<int64_t>(itemsize),
+                 src_strides + 1, sizes + 1, ndim - 1, itemsize);
+  }
+}
+
+bool truthy(const void* p, DType d) {
+  switch (d) {
+    case DType::B8: return *static_cast<const bool*>(p);
+    case DType::U8: return *static_cast<const uint8_t*>(p) != 0;
+    case DType::I8: return *static_cast<const int8_t*>(p) != 0;
+    case DType::I16: return *static_cast<const int16_t*>(p) != 0;
+    case DType::I32: return *static_cast<const int32_t*>(p) != 0;
+    case DType::I64: return *static_cast<const int64_t*>(p) != 0;
+    case DType::F16: return half_to_float(*static_cast<const uint16_t*>(p)) != 0.0f;
+    case DType::BF16: return bf16_to_float(*static_cast<const uint16_t*>(p)) != 0.0f;
+    case DType::F32: return *static_cast<const float*>(p) != 0.0f;
+    case DType::F64: return *static_cast<const double*>(p) != 0.0;
+  }
+  return false;
+}
+
+// -- tensors for the shim --------------------------------------------------------------------
+
+// A CPU tensor over memory kiln owns (arena, weights, user tensors); it frees nothing.
+Tensor view(void* data, DType dtype, std::initializer_list<int64_t> sizes,
+                   std::initializer_list<int64_t> strides) {
+  AtenTensorHandle h = nullptr;
+  check(aoti_torch_create_tensor_from_blob(data, static_cast<int64_t>(sizes.size()), sizes.begin(),
+                                           strides.begin(), 0, aoti_dtype(dtype), aoti_torch_device_type_cpu(), 0,
+                                           &h),
+        "creating a tensor view");
+  return Tensor(h);
+}
+
+// -- extern kernels --------------------------------------------------------------------------
+
+void mm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
+  check(aoti_torch_cpu_mm_out(out.get(), a.get(), b.get()), what);
+}
+
+void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
+  check(aoti_torch_cpu_bmm_out(out.get(), a.get(), b.get()), what);
+}
+
+void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta, double alpha,
+                  const char* what) {
+  check(aoti_torch_cpu_addmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
+}
+
+void baddbmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta,
+                    double alpha, const char* what) {
+  check(aoti_torch_cpu_baddbmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
+}
+
+// Copies a result torch allocated into the buffer kiln planned for it, then frees the result.
+void take(const Tensor& out, Tensor result, const char* what) {
+  check(aoti_torch_copy_(out.get(), result.get(), 0), what);
+}
+
+void convolution(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias,
+                        std::initializer_list<int64_t> stride, std::initializer_list<int64_t> padding,
+                        std::initializer_list<int64_t> dilation, bool transposed,
+                        std::initializer_list<int64_t> output_padding, int64_t groups, const char* what) {
+  AtenTensorHandle b = bias != nullptr ? bias->get() : nullptr;
+  AtenTensorHandle ret = nullptr;
+  check(aoti_torch_cpu_convolution(x.get(), w.get(), bias != nullptr ? &b : nullptr, stride.begin(),
+                                   static_cast<int64_t>(stride.size()), padding.begin(),
+                                   static_cast<int64_t>(padding.size()), dilation.begin(),
+                                   static_cast<int64_t>(dilation.size()), transposed ? 1 : 0,
+                                   output_padding.begin(), static_cast<int64_t>(output_padding.size()), groups,
+                                   &ret),
+        what);
+  take(out, Tensor(ret), what);
+}
+
+// Note: torch's CPU attention kernel (what eager picks on the CPU for these inputs), through
+// the shim; its second result (logsumexp) is freed unread.
+void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask,
+                      double dropout_p, bool is_causal, const double* scale, const char* what) {
+  AtenTensorHandle m = mask != nullptr ? mask->get() : nullptr;
+  AtenTensorHandle ret0 = nullptr;
+  AtenTensorHandle ret1 = nullptr;
+  double s = scale != nullptr ? *scale : 0.0;
+  check(aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(q.get(), k.get(), v.get(), dropout_p,
+                                                                    is_causal ? 1 : 0, mask != nullptr ? &m : nullptr,
+                                                                    scale != nullptr ? &s : nullptr, &ret0, &ret1),
+        what);
+  Tensor lse(ret1);
+  take(out, Tensor(ret0), what);
+}
+
+// -- a model instance ------------------------------------------------------------------------
+
+struct Context {
+  SafetensorsFile weights_file;
+  std::vector<void*> weights;  // per program.weights entry: into the mapping, or an aligned copy
+  std::vector<Block> owned;    // the copies, arenas and scratch
+  std::vector<char*> arenas;
+  std::vector<char*> scratch_blocks;
+  std::vector<Block> input_staging;  // per input: where an input with other strides is copied
+  std::mutex running;
+};
+
+char* arena(Context& ctx, size_t i) { return ctx.arenas[i]; }
+char* scratch(Context& ctx, size_t i) { return ctx.scratch_blocks[i]; }
+
+std::string shape_text(const int64_t* sizes, int ndim) {
+  std::string s = "[";
+  for (int d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(sizes[d]);
+  return s + "]";
+}
+
+void bind_weights(Context& ctx, const char* path) {
+  std::string why;
+  if (!ctx.weights_file.open(path, &why)) throw Error(KILN_BAD_WEIGHTS, why);
+  for (size_t i = 0; i < program.num_weights; ++i) {
+    const TensorSpec& w = program.weights[i];
+    const TensorEntry* e = ctx.weights_file.find(w.name);
+    std::string where = std::string("weights file ") + path + ": entry '" + w.name + "'";
+    if (e == nullptr) throw Error(KILN_BAD_WEIGHTS, where + " is missing (a weights file of another model?)");
+    if (e->dtype != info(w.dtype).safetensors_name)
+      throw Error(KILN_BAD_WEIGHTS, where + " is " + e->dtype + ", the model needs " + info(w.dtype).safetensors_name);
+    bool same = static_cast<int>(e->shape.size()) == w.ndim;
+    for (int d = 0; same && d < w.ndim; ++d) same = e->shape[d] == w.sizes[d];
+    if (!same)
+      throw Error(KILN_BAD_WEIGHTS, where + " has shape " + shape_text(e->shape.data(), static_cast<int>(e->shape.size())) +
+                                        ", the model needs " + shape_text(w.sizes, w.ndim));
+    size_t itemsize = info(w.dtype).itemsize;
+    if (reinterpret_cast<uintptr_t>(e->data) % itemsize == 0) {
+      ctx.weights.push_back(const_cast<void*>(e->data));
+      continue;
+    }
+    ctx.owned.push_back(allocate(e->nbytes));
+    std::memcpy(ctx.owned.back().get(), e->data, e->nbytes);
+    ctx.weights.push_back(ctx.owned.back().get());
+  }
+}
+
+void allocate_memory(Context& ctx) {
+  for (size_t i = 0; i < program.num_arenas; ++i) {
+    ctx.owned.push_back(allocate(program.arena_bytes[i]));
+    ctx.arenas.push_back(ctx.owned.back().get());
+  }
+  for (size_t i = 0; i < program.num_scratch; ++i) {
+    ctx.owned.push_back(allocate(program.scratch_bytes[i]));
+    ctx.scratch_blocks.push_back(ctx.owned.back().get());
+  }
+  ctx.input_staging.resize(program.num_inputs);
+}
+
+// The data of a checked tensor; `role` names it in errors ("input 'x'", "output 0").
+void* checked_data(AtenTensorHandle h, const TensorSpec& spec, const std::string& role, bool any_strides,
+                          const int64_t** strides_out) {
+  if (h == nullptr) throw Error(KILN_BAD_ARGUMENT, role + " is a null tensor");
+  int32_t device = 0;
+  int32_t dtype = 0;
+  int64_t ndim = 0;
+  int64_t* sizes = nullptr;
+  int64_t* strides = nullptr;
+  void* data = nullptr;
+  check(aoti_torch_get_device_type(h, &device), "reading a tensor's device");
+  check(aoti_torch_get_dtype(h, &dtype), "reading a tensor's dtype");
+  check(aoti_torch_get_dim(h, &ndim), "reading a tensor's rank");
+  check(aoti_torch_get_sizes(h, &sizes), "reading a tensor's sizes");
+  check(aoti_torch_get_strides(h, &strides), "reading a tensor's strides");
+  check(aoti_torch_get_data_ptr(h, &data), "reading a tensor's data");
+  if (device != aoti_torch_device_type_cpu())
+    throw Error(KILN_BAD_ARGUMENT, role + " is not on the CPU; this model was compiled for the cpu target");
+  if (dtype != aoti_dtype(spec.dtype))
+    throw Error(KILN_BAD_ARGUMENT, role + " has the wrong dtype: the model needs " + info(spec.dtype).torch_name);
+  bool same = ndim == spec.ndim;
+  for (int d = 0; same && d < spec.ndim; ++d) same = sizes[d] == spec.sizes[d];
+  if (!same)
+    throw Error(KILN_BAD_ARGUMENT, role + " has shape " + shape_text(sizes, static_cast<int>(ndim)) +
+                                       ", the model needs " + shape_text(spec.sizes, spec.ndim));
+  bool laid_out = true;
+  for (int d = 0; d < spec.ndim; ++d) laid_out &= spec.sizes[d] <= 1 || strides[d] == spec.strides[d];
+  if (!laid_out && !any_strides)
+    throw Error(KILN_BAD_ARGUMENT, role + " has strides " + shape_text(strides, spec.ndim) + ", the model needs " +
+                                       shape_text(spec.strides, spec.ndim));
+  *strides_out = laid_out ? nullptr : strides;
+  return data;
+}
+
+void* input_data(Context& ctx, size_t i, AtenTensorHandle h) {
+  const TensorSpec& spec = program.inputs[i];
+  const int64_t* strides = nullptr;
+  void* data = checked_data(h, spec, std::string("input '") + spec.name + "'", true, &strides);
+  if (strides == nullptr) return data;
+  if (!ctx.input_staging[i]) ctx.input_staging[i] = allocate(nbytes(spec));
+  copy_strided(ctx.input_staging[i].get(), spec.strides, data, strides, spec.sizes, spec.ndim, info(spec.dtype).itemsize);
+  return ctx.input_staging[i].get();
+}
+
+Tensor new_output(const TensorSpec& spec) {
+  AtenTensorHandle h = nullptr;
+  check(aoti_torch_empty_strided(spec.ndim, spec.sizes, spec.strides, aoti_dtype(spec.dtype),
+                                 aoti_torch_device_type_cpu(), 0, &h),
+        "allocating an output");
+  return Tensor(h);
+}
+
+void run(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTensorHandle* outputs,
+                size_t num_outputs) {
+  if (num_inputs != program.num_inputs)
+    throw Error(KILN_BAD_ARGUMENT, "the model takes " + std::to_string(program.num_inputs) + " inputs, got " +
+                                       std::to_string(num_inputs));
+  if (num_outputs != program.num_outputs)
+    throw Error(KILN_BAD_ARGUMENT, "the model has " + std::to_string(program.num_outputs) + " outputs, got " +
+                                       std::to_string(num_outputs) + " output slots");
+  if (num_inputs > 0 && inputs == nullptr) throw Error(KILN_BAD_ARGUMENT, "inputs is NULL");
+  if (num_outputs > 0 && outputs == nullptr) throw Error(KILN_BAD_ARGUMENT, "outputs is NULL");
+  std::lock_guard<std::mutex> lock(ctx.running);
+  std::vector<void*> args(program.num_inputs + program.num_weights);
+  for (size_t i = 0; i < num_inputs; ++i) args[i] = input_data(ctx, i, inputs[i]);
+  for (size_t i = 0; i < program.num_weights; ++i) args[num_inputs + i] = ctx.weights[i];
+  std::vector<Tensor> fresh(num_outputs);
+  std::vector<void*> results(num_outputs);
+  for (size_t i = 0; i < num_outputs; ++i) {
+    const int64_t* strides = nullptr;
+    std::string role = "output " + std::to_string(i);
+    if (outputs[i] == nullptr) fresh[i] = new_output(program.outputs[i]);
+    AtenTensorHandle h = outputs[i] != nullptr ? outputs[i] : fresh[i].get();
+    results[i] = checked_data(h, program.outputs[i], role, false, &strides);
+  }
+  program.main(ctx, args.data(), results.data());
+  for (size_t i = 0; i < num_outputs; ++i)
+    if (outputs[i] == nullptr) outputs[i] = fresh[i].release();
+}
+
+std::string& last_error() {
+  thread_local std::string message;
+  return message;
+}
+
+// Runs `body`, turning every exception into a status and the thread's last error.
+template <class F>
+int guarded(F&& body) {
+  try {
+    last_error().clear();
+    body();
+    return KILN_OK;
+  } catch (const Error& e) {
+    last_error() = e.what();
+    return e.status;
+  } catch (const std::bad_alloc&) {
+    last_error() = "out of memory";
+    return KILN_FAILED;
+  } catch (const std::exception& e) {
+    last_error() = e.what();
+    return KILN_FAILED;
+  } catch (...) {
+    last_error() = "unknown error";
+    return KILN_FAILED;
+  }
+}
+
+const TensorSpec* io_spec(bool input, size_t index) {
+  size_t n = input ? program.num_inputs : program.num_outputs;
+  if (index >= n) return nullptr;
+  return input ? &program.inputs[index] : &program.outputs[index];
+}
+
+}  // namespace kiln
+
+struct KilnModel {
+  kiln::Context ctx;
+};
+
+extern "C" {
+
+int kiln_abi_version(void) { return KILN_ABI_VERSION; }
+
+const char* kiln_last_error(void) { return kiln::last_error().c_str(); }
+
+int kiln_model_create(const char* weights_path, KilnModel** model) {
+  return kiln::guarded([&] {
+    if (model == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "model is NULL");
+    *model = nullptr;
+    if (weights_path == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "weights_path is NULL");
+    auto made = std::make_unique<KilnModel>();
+    kiln::bind_weights(made->ctx, weights_path);
+    kiln::allocate_memory(made->ctx);
+    *model = made.release();
+  });
+}
+
+void kiln_model_destroy(KilnModel* model) { delete model; }
+
+int kiln_model_run(KilnModel* model, const AtenTensorHandle* inputs, size_t num_inputs, AtenTensorHandle* outputs,
+                   size_t num_outputs) {
+  return kiln::guarded([&] {
+    if (model == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "model is NULL");
+    kiln::run(model->ctx, inputs, num_inputs, outputs, num_outputs);
+  });
+}
+
+size_t kiln_model_num_inputs(const KilnModel*) { return kiln::program.num_inputs; }
+size_t kiln_model_num_outputs(const KilnModel*) { return kiln::program.num_outputs; }
+
+const char* kiln_model_input_name(const KilnModel*, size_t i) {
+  const kiln::TensorSpec* s = kiln::io_spec(true, i);
+  return s ? s->name : nullptr;
+}
+const char* kiln_model_output_name(const KilnModel*, size_t i) {
+  const kiln::TensorSpec* s = kiln::io_spec(false, i);
+  return s ? s->name : nullptr;
+}
+const char* kiln_model_input_dtype(const KilnModel*, size_t i) {
+  const kiln::TensorSpec* s = kiln::io_spec(true, i);
+  return s ? kiln::info(s->dtype).torch_name : nullptr;
+}
+const char* kiln_model_output_dtype(const KilnModel*, size_t i) {
+  const kiln::TensorSpec* s = kiln::io_spec(false, i);
+  return s ? kiln::info(s->dtype).torch_name : nullptr;
+}
+size_t kiln_model_input_ndim(const KilnModel*, size_t i) {
+  const kiln::TensorSpec* s = kiln::io_spec(true, i);
+  return s ? static_cast<size_t>(s->ndim) : 0;
+}
+size_t kiln_model_output_ndim(const KilnModel*, size_t i) {
+  const kiln::TensorSpec* s = kiln::io_spec(false, i);
+  return s ? static_cast<size_t>(s->ndim) : 0;
+}
+const int64_t* kiln_model_input_sizes(const KilnModel*, size_t i) {
+  const kiln::TensorSpec* s = kiln::io_spec(true, i);
+  return s ? s->sizes : nullptr;
+}
+const int64_t* kiln_model_output_sizes(const KilnModel*, size_t i) {
+  const kiln::TensorSpec* s = kiln::io_spec(false, i);
+  return s ? s->sizes : nullptr;
+}
+const int64_t* kiln_model_input_strides(const KilnModel*, size_t i) {
+  const kiln::TensorSpec* s = kiln::io_spec(true, i);
+  return s ? s->strides : nullptr;
+}
+const int64_t* kiln_model_output_strides(const KilnModel*, size_t i) {
+  const kiln::TensorSpec* s = kiln::io_spec(false, i);
+  return s ? s->strides : nullptr;
+}
+
+const char* kiln_model_target(void) { return kiln::program.target; }
+
+}  // extern "C"

@@ -1,0 +1,1 @@
+"""gen-cpp: the C++ wrapper that runs a schedule."""

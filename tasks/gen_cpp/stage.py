@@ -1,0 +1,49 @@
+"""The gen-cpp stage's entry: schedule.json (+ tuning decisions) -> wrapper.cpp and model.json."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from cache.hashing import pretty_json
+from pipeline.errors import KilnError
+from pipeline.job import StageJob
+from tasks.gen_cpp.wrapper import WrapperError, wrapper_source
+from tasks.ir.nodes import Buffer, BufferKind
+from tasks.schedule.model import Schedule, schedule_from
+
+WRAPPER = "wrapper.cpp"
+MODEL_JSON = "model.json"  # inputs, outputs and output structure, for loaders and people
+
+
+def run(job: StageJob) -> Mapping[str, Any]:
+    schedule = schedule_from(json.loads(job.input("schedule/schedule.json").read_text()))
+    tuning = json.loads(job.input("autotune/tuning.json").read_text())
+    missing = sorted({k.key for k in schedule.kernels} - set(tuning))
+    if missing:
+        raise KilnError(f"model {job.model!r}: no tuning decision for kernel {missing[0][:16]}",
+                        "the autotune stage's output does not match the schedule; recompile with --force autotune")
+    signature = json.loads(job.input("lower/signature.json").read_text())
+    target = job.env["target"]
+    try:
+        source = wrapper_source(schedule, target)
+    except WrapperError as err:
+        raise KilnError(f"model {job.model!r}: {err}") from None
+    (job.out_dir / WRAPPER).write_text(source)
+    (job.out_dir / MODEL_JSON).write_text(pretty_json(model_json(schedule, signature, target)))
+    lines = source.count("\n")
+    return {"lines": lines, "summary": f"{lines} lines of C++"}
+
+
+def _io(b: Buffer, name: str) -> dict[str, Any]:
+    return {"name": name, "shape": list(b.shape), "stride": list(b.stride), "dtype": b.dtype.value}
+
+
+def model_json(schedule: Schedule, signature: Mapping[str, Any], target: str) -> dict[str, Any]:
+    main = schedule.main
+    produced = {b.name: b for b in main.buffers}
+    inputs = [_io(b, b.name) for b in main.inputs if b.kind is not BufferKind.WEIGHT]
+    outputs = [_io(produced[name], f"output{i}") for i, name in enumerate(main.outputs)]
+    return {"target": target, "inputs": inputs, "outputs": outputs,
+            "in_spec": signature.get("in_spec"), "out_spec": signature.get("out_spec")}

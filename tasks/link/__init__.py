@@ -1,0 +1,1 @@
+"""link: model.so from the wrapper, the kernels' objects and kiln's runtime."""

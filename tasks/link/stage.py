@@ -1,0 +1,86 @@
+"""The link stage's entry: wrapper.cpp + the kernels' objects + the runtime -> model.so.
+
+It compiles against kiln_model.h and torch's stable C shim only, never ATen's headers (a file
+that includes ATen takes 17 s to compile; the shim, a fraction of a second). The runtime's
+object is a cache item of its own, keyed by its sources, the compiler and torch: it is built
+once per machine, not once per model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from cache.hashing import digest_file, digest_json
+from cache.items import ItemCache
+from pipeline.errors import KilnError
+from pipeline.job import StageJob
+from tasks.codegen.cpp_build import (
+    LINK_FLAGS,
+    RUNTIME,
+    RUNTIME_FLAGS,
+    TORCH_LIBS,
+    WRAPPER_FLAGS,
+    compiler,
+    run_compiler,
+    torch_include,
+    torch_lib,
+)
+
+MODEL_SO = "model.so"
+HEADER = "kiln_model.h"
+RUNTIME_SOURCES = ("kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h")
+
+
+def run(job: StageJob) -> Mapping[str, Any]:
+    wrapper = job.input("gen-cpp/wrapper.cpp")
+    tuning = job.input("autotune/tuning.json")
+    keys = sorted(json.loads(tuning.read_text()))
+    objects = [tuning.parent / "objects" / f"{key[:16]}.o" for key in keys]
+    cxx = compiler()
+    out = job.out_dir
+    with tempfile.TemporaryDirectory() as tmp:
+        wrapper_o = Path(tmp) / "wrapper.o"
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            runtime = pool.submit(_runtime_object, job.items(), cxx, job.env)
+            compiled = pool.submit(_compile_wrapper, cxx, wrapper, wrapper_o)
+            compiled.result()
+            runtime_o, hit, used = runtime.result()
+        try:
+            run_compiler([cxx, *LINK_FLAGS, str(wrapper_o), str(runtime_o), *map(str, objects),
+                          "-o", str(out / MODEL_SO), f"-L{torch_lib()}", *TORCH_LIBS])
+        except RuntimeError as err:
+            raise KilnError(f"model {job.model!r}: linking model.so failed: {err}") from None
+    shutil.copyfile(RUNTIME / HEADER, out / HEADER)
+    note = f"{len(objects)} kernel objects; runtime {'cached' if hit else 'compiled'}"
+    return {"kernels": len(objects), "runtime_cached": hit, "items": [used], "summary": note}
+
+
+def _compile_wrapper(cxx: str, wrapper: Path, out: Path) -> None:
+    try:
+        # Note: compiled from its own folder by a relative name, so no absolute path reaches
+        # the object and model.so is byte-identical wherever the cache lives.
+        run_compiler([cxx, *WRAPPER_FLAGS, f"-I{RUNTIME}", f"-I{torch_include()}", "-c", wrapper.name,
+                      "-o", str(out)], cwd=wrapper.parent)
+    except RuntimeError as err:
+        raise KilnError(f"the generated wrapper does not compile: {err}",
+                        "this is a bug in kiln's gen-cpp stage; please report it") from None
+
+
+def _runtime_object(items: ItemCache, cxx: str, env: Mapping[str, str]) -> tuple[Path, bool, str]:
+    parts = {"sources": digest_json([[n, digest_file(RUNTIME / n)] for n in RUNTIME_SOURCES]),
+             "flags": digest_json([Path(cxx).name, *RUNTIME_FLAGS]), "cxx": env.get("cxx", ""),
+             "torch": env.get("torch", "")}
+
+    def compute(out: Path) -> dict[str, Any]:
+        run_compiler([cxx, *RUNTIME_FLAGS, f"-I{torch_include()}", "-I.", "-c", "kiln_runtime.cpp",
+                      "-o", str(out / "runtime.o")], cwd=RUNTIME)
+        return {}
+
+    item, hit = items.get_or_compute(parts, compute)
+    return item.file("runtime.o"), hit, f"{item.stage}/{item.key}"

@@ -1,4 +1,4 @@
-"""The `kiln` command line: compile, report, explain, stages, cache."""
+"""The `kiln` command line: compile, report, run, explain, stages, cache."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="print the last compile report of a model")
     _model_args(r)
+    run = sub.add_parser("run", help="run a build on random inputs; compare with eager")
+    _model_args(run)
+    run.add_argument("--repeat", type=int, default=20, help="timed calls (median reported)")
     e = sub.add_parser("explain", help="say which stages would rerun, and why")
     _model_args(e)
     sub.add_parser("stages", help="list the stage table")
@@ -89,6 +92,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.compile_command(args, config, target, out, _out, _err)
     if args.command == "report":
         return commands.report_command(out, _out)
+    if args.command == "run":
+        return commands.run_command(config, out, args.repeat, _out)
     return commands.explain_command(args, config, target, out, _out)
 
 

@@ -54,6 +54,18 @@ def report_command(out: Path, console: Console) -> int:
     return 0
 
 
+def run_command(config: ModelConfig, out: Path, repeat: int, console: Console) -> int:
+    from pipeline.run_model import run_build
+
+    result = run_build(config, out, repeat)
+    console.print(f"{config.name}: {out} on random inputs ({', '.join(result.inputs)})")
+    console.print(f"  max abs error vs eager: {result.max_error:.3g}")
+    ratio = result.kiln_seconds / result.eager_seconds if result.eager_seconds else float("nan")
+    console.print(f"  latency: kiln {result.kiln_seconds * 1e3:.3f} ms, eager {result.eager_seconds * 1e3:.3f} ms"
+                  f" ({ratio:.2f}x eager's time; median of {repeat})")
+    return 0
+
+
 def explain_command(
     args: argparse.Namespace, config: ModelConfig, target: str, out: Path, console: Console
 ) -> int:

@@ -1,0 +1,93 @@
+"""`kiln run MODEL`: a build on random inputs next to eager PyTorch, with the max error and the
+latency of each."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ModelConfig
+from pipeline.errors import KilnError
+
+INPUT_SEED = 1  # not the trace's seed (0): the build must work on inputs it never saw
+
+
+def eager_model(config: ModelConfig, build_dir: Path) -> Any:
+    """The config's module in eval mode, with the build's weights loaded into it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tasks.trace.factory import build_model
+
+    fields = {name: config.field(name) for name in ("model.factory", "model.kwargs", "model.dtype", "weights.seed")}
+    module = build_model(fields, config.name, config.project_root).eval()
+    weights = build_dir / "weights.safetensors"
+    if weights.is_file():
+        state = module.state_dict()
+        loaded = {k: v for k, v in load_file(str(weights)).items() if k in state}
+        module.load_state_dict(loaded, strict=False)
+    torch.set_grad_enabled(False)
+    return module
+
+
+def random_inputs(config: ModelConfig, seed: int = INPUT_SEED) -> tuple[Any, ...]:
+    from tasks.trace.factory import example_inputs
+
+    return example_inputs(config.field("inputs"), seed)
+
+
+def flat_tensors(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in flat_tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in flat_tensors(v)]
+    return []
+
+
+def max_error(got: Any, want: Any) -> float:
+    pairs = list(zip(flat_tensors(got), flat_tensors(want), strict=True))
+    if not pairs:
+        return 0.0
+    return max(float((a.double() - b.double()).abs().max()) if a.numel() else 0.0 for a, b in pairs)
+
+
+def median_seconds(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    max_error: float
+    kiln_seconds: float
+    eager_seconds: float
+    inputs: Sequence[str]
+
+
+def run_build(config: ModelConfig, build_dir: Path, repeat: int = 20) -> RunResult:
+    from pipeline.loader import load
+
+    compiled = load(build_dir)
+    if compiled.target != "cpu":
+        raise KilnError(f"{build_dir} was compiled for {compiled.target}; kiln run runs cpu builds here")
+    model = eager_model(config, build_dir)
+    inputs = random_inputs(config)
+    error = max_error(compiled(*inputs), model(*inputs))
+    kiln_s = median_seconds(lambda: compiled(*inputs), repeat)
+    eager_s = median_seconds(lambda: model(*inputs), repeat)
+    shapes = [f"{info.name}: {info.dtype}{list(info.shape)}" for info in compiled.inputs]
+    return RunResult(error, kiln_s, eager_s, shapes)

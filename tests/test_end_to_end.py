@@ -1,0 +1,144 @@
+"""kiln end to end on the CPU: compile each reference model, load model.so, match eager."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pipeline.build import Cache, compile_model
+from pipeline.config import load_config
+from pipeline.errors import KilnError
+from pipeline.loader import ModelInputError, load
+from pipeline.run_model import eager_model, flat_tensors, random_inputs
+from pipeline.runner import BuildOptions
+from tests.conftest import kiln
+
+MODELS = ("mlp", "bert-small", "gpt2-small", "convnet", "cond", "while")
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cache]:
+    cache = Cache.open(tmp_path_factory.mktemp("e2e") / "cache")
+    yield cache
+    cache.records.close()
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory, shared_cache: Cache) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("builds")
+    return {name: root / name for name in MODELS}
+
+
+def _build(name: str, builds: dict[str, Path], cache: Cache) -> Path:
+    out = builds[name]
+    if not (out / "model.so").is_file():
+        compile_model(load_config(name), BuildOptions("cpu", out), cache)
+    return out
+
+
+def _assert_matches(got: object, want: object) -> None:
+    for a, b in zip(flat_tensors(got), flat_tensors(want), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", [m for m in MODELS if m != "cond"])
+def test_model_matches_eager(name: str, builds: dict[str, Path], shared_cache: Cache) -> None:
+    out = _build(name, builds, shared_cache)
+    config = load_config(name)
+    compiled, model = load(out), eager_model(config, out)
+    for seed in (1, 2):
+        inputs = random_inputs(config, seed)
+        _assert_matches(compiled(*inputs), model(*inputs))
+
+
+def test_cond_takes_both_branches(builds: dict[str, Path], shared_cache: Cache) -> None:
+    out = _build("cond", builds, shared_cache)
+    config = load_config("cond")
+    compiled, model = load(out), eager_model(config, out)
+    (x,) = random_inputs(config)
+    outcomes = set()
+    for scale in (100.0, -100.0):
+        inputs = (x * scale,)
+        outcomes.add(bool(model.proj(*inputs).sum() > 0))
+        _assert_matches(compiled(*inputs), model(*inputs))
+    assert outcomes == {True, False}
+
+
+def test_make_compile_then_load(tmp_path: Path) -> None:
+    """What a user types: `kiln compile`, then `kiln run`, then load() in Python."""
+    out = tmp_path / "mlp"
+    kiln(["compile", "mlp", "--out", str(out), "--quiet"], tmp_path / "cache")
+    assert {"model.so", "kiln_model.h", "weights.safetensors", "model.json"} <= {p.name for p in out.iterdir()}
+    ran = kiln(["run", "mlp", "--out", str(out), "--repeat", "3"], tmp_path / "cache")
+    error = float(ran.stdout.split("max abs error vs eager:")[1].split()[0])
+    assert error < 1e-4
+
+
+def test_bad_inputs_get_clear_errors(builds: dict[str, Path], shared_cache: Cache) -> None:
+    compiled = load(_build("mlp", builds, shared_cache))
+    x = torch.randn(32, 64)
+    cases = [
+        ((), "takes 1 inputs \\(x\\), got 0"),
+        ((x, x), "takes 1 inputs \\(x\\), got 2"),
+        ((x.numpy(),), "input 'x' is a ndarray, not a torch.Tensor"),
+        ((torch.randn(32, 65),), "input 'x' has shape \\[32, 65\\], the model needs \\[32, 64\\]"),
+        ((torch.randn(32, 64, 1),), "input 'x' has shape \\[32, 64, 1\\]"),
+        ((x.double(),), "input 'x' has the wrong dtype: the model needs float32"),
+        ((torch.empty(32, 64, device="meta"),), "input 'x' is not on the CPU"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ModelInputError, match=message):
+            compiled(*args)
+    # Any strides work: an input laid out otherwise is copied first.
+    torch.testing.assert_close(compiled(x.t().contiguous().t()), compiled(x), rtol=0, atol=0)
+
+
+def test_weights_that_do_not_match_fail_at_create(builds: dict[str, Path], shared_cache: Cache,
+                                                  tmp_path: Path) -> None:
+    mlp = _build("mlp", builds, shared_cache)
+    broken = tmp_path / "broken"
+    shutil.copytree(mlp, broken)
+    weights = load_file(str(mlp / "weights.safetensors"))
+    weights["head.weight"] = weights["head.weight"].t().contiguous()
+    save_file(weights, str(broken / "weights.safetensors"))
+    with pytest.raises(KilnError, match="entry 'head.weight' has shape \\[128, 10\\], the model needs \\[10, 128\\]"):
+        load(broken)
+    del weights["norm.bias"]
+    save_file(weights, str(broken / "weights.safetensors"))
+    with pytest.raises(KilnError, match="entry 'norm.bias' is missing"):
+        load(broken)
+    (broken / "weights.safetensors").write_bytes(b"not a weights file")
+    with pytest.raises(KilnError, match="cannot create the model"):
+        load(broken)
+    with pytest.raises(KilnError, match="has no model.so"):
+        load(tmp_path)
+
+
+def test_a_new_checkpoint_relinks_nothing(builds: dict[str, Path], shared_cache: Cache, tmp_path: Path) -> None:
+    first = _build("mlp", builds, shared_cache)
+    config = load_config("mlp")
+    config.fields["weights.seed"] = 7
+    result = compile_model(config, BuildOptions("cpu", tmp_path / "reseeded"), shared_cache)
+    statuses = {row.stage: row.status for row in result.rows}
+    assert statuses["trace"] == "ran"
+    assert all(statuses[s] in ("hit", "cutoff") for s in ("lower", "schedule", "autotune", "gen-cpp", "link"))
+    assert (tmp_path / "reseeded" / "model.so").read_bytes() == (first / "model.so").read_bytes()
+    compiled, model = load(tmp_path / "reseeded"), eager_model(config, tmp_path / "reseeded")
+    (x,) = random_inputs(config)
+    _assert_matches(compiled(x), model(x))
+    assert not torch.equal(compiled(x), load(first)(x))
+
+
+def test_model_json_describes_the_interface(builds: dict[str, Path], shared_cache: Cache) -> None:
+    out = _build("bert-small", builds, shared_cache)
+    meta = json.loads((out / "model.json").read_text())
+    compiled = load(out)
+    assert [i["name"] for i in meta["inputs"]] == [i.name for i in compiled.inputs]
+    assert [tuple(i["shape"]) for i in meta["outputs"]] == [o.shape for o in compiled.outputs]
+    assert compiled.inputs[0].dtype == "int64"

@@ -152,7 +152,7 @@ def _out_spec(path: Path, outputs: int) -> Any:
     from torch.utils import _pytree
 
     try:
-        tree = _pytree.treespec_loads(json.dumps(spec))
+        tree = _pytree.treespec_loads(spec if isinstance(spec, str) else json.dumps(spec))
     except Exception:  # a container type this process has not registered: fall back to flat
         return None
     return tree if tree.num_leaves == outputs else None

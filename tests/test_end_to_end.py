@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,11 +13,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.build import Cache, compile_model
-from pipeline.config import load_config
+from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.errors import KilnError
 from pipeline.loader import ModelInputError, load
 from pipeline.run_model import eager_model, flat_tensors, random_inputs
 from pipeline.runner import BuildOptions
+from tasks.codegen.cpp_build import torch_include, torch_lib
 from tests.conftest import kiln
 
 MODELS = ("mlp", "bert-small", "gpt2-small", "convnet", "cond", "while")
@@ -142,3 +144,26 @@ def test_model_json_describes_the_interface(builds: dict[str, Path], shared_cach
     assert [i["name"] for i in meta["inputs"]] == [i.name for i in compiled.inputs]
     assert [tuple(i["shape"]) for i in meta["outputs"]] == [o.shape for o in compiled.outputs]
     assert compiled.inputs[0].dtype == "int64"
+
+
+def test_the_cpp_example_in_the_readme_builds_and_runs(builds: dict[str, Path], shared_cache: Cache,
+                                                        tmp_path: Path) -> None:
+    out = _build("mlp", builds, shared_cache)
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    block = readme.split("<!-- cpp-example -->\n```cpp\n")[1].split("```\n<!-- /cpp-example -->")[0]
+    source = PROJECT_ROOT / "examples" / "cpp" / "run_model.cpp"
+    assert block == source.read_text(), "the README's C++ example differs from examples/cpp/run_model.cpp"
+    exe = tmp_path / "run_model"
+    subprocess.run(["g++", "-std=c++17", "-O1", str(source), f"-I{out}", f"-I{torch_include()}",
+                    f"-L{out}", "-l:model.so", f"-L{torch_lib()}", "-ltorch_cpu", "-lc10",
+                    f"-Wl,-rpath,{torch_lib()}", f"-Wl,-rpath,{out}", "-o", str(exe)], check=True)
+    ran = subprocess.run([str(exe), str(out)], capture_output=True, text=True, check=True)
+    x = (torch.arange(32 * 64) % 100).float().reshape(32, 64) * 0.01
+    want = load(out)(x)
+    name, values = ran.stdout.split(": ", 1)
+    assert name == "output0"
+    assert float(values.split("sum")[1]) == pytest.approx(float(want.double().sum()), rel=1e-5)
+    assert float(values.split()[0]) == pytest.approx(float(want.flatten()[0]), rel=1e-5)
+    failed = subprocess.run([str(exe), str(tmp_path)], capture_output=True, text=True, check=False)
+    assert failed.returncode == 1
+    assert "kiln: weights file" in failed.stderr and "cannot open" in failed.stderr

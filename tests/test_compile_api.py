@@ -1,0 +1,92 @@
+"""`pipeline.compile` on in-memory modules: output structure, control flow, dtypes, end to end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline import compile as kiln_compile
+from pipeline.loader import CompiledModel
+from pipeline.run_model import flat_tensors
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("api") / "cache"
+
+
+class Structured(torch.nn.Module):
+    """Several outputs in a dict and a tuple; int and bool inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+
+    def forward(self, ids: torch.Tensor, keep: torch.Tensor) -> dict[str, Any]:
+        h = self.embed(ids) * keep.unsqueeze(-1)
+        return {"hidden": h, "pooled": (h.sum(1), h.amax(1)), "count": keep.sum(-1)}
+
+
+class Flipper(torch.nn.Module):
+    """A while_loop whose body reads its carried value flipped and transposed while it
+    writes the next one: wrong without two sets of carried buffers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def body(i: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return i + 1, h.t().contiguous() * 0.5 + h.flip(0)
+
+        loop = torch._higher_order_ops.while_loop
+        _, out = loop(lambda i, h: i < 5, body, (torch.tensor(0), x))  # type: ignore[no-untyped-call]
+        result: torch.Tensor = out
+        return result
+
+
+class HalfMlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 32)
+        self.out = torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.softmax(self.out(F.silu(self.fc(x))).float(), dim=-1)
+
+
+def _compiled(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], cache_dir: Path, out: Path) -> Any:
+    compiled = kiln_compile(module, inputs, target="cpu", out=out, cache_dir=cache_dir)
+    assert isinstance(compiled, CompiledModel), compiled
+    return compiled
+
+
+def test_output_structure_and_integer_inputs(cache_dir: Path, tmp_path: Path) -> None:
+    module = Structured().eval()
+    ids, keep = torch.randint(0, 20, (4, 6)), torch.rand(4, 6) > 0.5
+    compiled = _compiled(module, (ids, keep), cache_dir, tmp_path / "structured")
+    ids2, keep2 = torch.randint(0, 20, (4, 6)), torch.rand(4, 6) > 0.5
+    got, want = compiled(ids2, keep2), module(ids2, keep2)
+    assert isinstance(got, dict) and set(got) == {"hidden", "pooled", "count"}
+    assert isinstance(got["pooled"], tuple) and len(got["pooled"]) == 2
+    for a, b in zip(flat_tensors(got), flat_tensors(want), strict=True):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b)
+
+
+def test_while_loop_double_buffers_carried_values(cache_dir: Path, tmp_path: Path) -> None:
+    module = Flipper().eval()
+    compiled = _compiled(module, (torch.randn(6, 6),), cache_dir, tmp_path / "flipper")
+    x = torch.randn(6, 6)
+    torch.testing.assert_close(compiled(x), module(x))
+
+
+def test_bfloat16_weights_and_inputs(cache_dir: Path, tmp_path: Path) -> None:
+    module = HalfMlp().eval().to(torch.bfloat16)
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    compiled = _compiled(module, (x,), cache_dir, tmp_path / "half")
+    assert compiled.inputs[0].dtype == "bfloat16"
+    x2 = torch.randn(4, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x2), module(x2), rtol=2e-2, atol=2e-2)

@@ -1,0 +1,80 @@
+"""gen-cpp's wrapper: goldens for canonical patterns, and the same bytes run to run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tasks.gen_cpp.wrapper import wrapper_source
+from tests.schedule_harness import compile_fn
+
+GOLDEN = Path(__file__).parent / "golden" / "wrapper"
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.gelu(self.fc(x)) + x)
+
+
+class Conv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x))
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _cond(x: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = torch.cond(x.sum() > 0, lambda h: h.softmax(-1), lambda h: h - h.mean(-1, keepdim=True), (x,))
+    return out
+
+
+def _while(x: torch.Tensor) -> torch.Tensor:
+    def body(i: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return i + 1, h.t().contiguous() * 0.5 + h.flip(0)
+
+    loop = torch._higher_order_ops.while_loop
+    _, out = loop(lambda i, h: i < 3, body, (torch.tensor(0), x))  # type: ignore[no-untyped-call]
+    result: torch.Tensor = out
+    return result
+
+
+CASES: dict[str, tuple[Callable[..., Any] | torch.nn.Module, tuple[torch.Tensor, ...]]] = {
+    "linear_gelu_layernorm": (Block(), (torch.randn(8, 16),)),
+    "conv_relu": (Conv(), (torch.randn(2, 3, 8, 8),)),
+    "attention_bool_mask": (_attention, (torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4),
+                                         torch.rand(1, 1, 8, 8) > 0.3)),
+    "cond": (_cond, (torch.randn(4, 8),)),
+    "while_transpose": (_while, (torch.randn(6, 6),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_wrappers(name: str) -> None:
+    fn, inputs = CASES[name]
+    schedule = compile_fn(fn, *inputs).schedule
+    text = wrapper_source(schedule)
+    assert wrapper_source(schedule) == text  # the same bytes run to run
+    path = GOLDEN / f"{name}.cpp"
+    if os.environ.get("KILN_UPDATE_GOLDEN") or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if not os.environ.get("KILN_UPDATE_GOLDEN"):
+            pytest.fail(f"wrote missing golden file {path}; rerun")
+    assert text == path.read_text(), f"{path} differs; KILN_UPDATE_GOLDEN=1 rewrites it"

@@ -61,7 +61,8 @@ def run_command(config: ModelConfig, out: Path, repeat: int, console: Console) -
     console.print(f"{config.name}: {out} on random inputs ({', '.join(result.inputs)})")
     console.print(f"  max abs error vs eager: {result.max_error:.3g}")
     ratio = result.kiln_seconds / result.eager_seconds if result.eager_seconds else float("nan")
-    console.print(f"  latency: kiln {result.kiln_seconds * 1e3:.3f} ms, eager {result.eager_seconds * 1e3:.3f} ms"
+    kiln_ms, eager_ms = result.kiln_seconds * 1e3, result.eager_seconds * 1e3
+    console.print(f"  latency: kiln {kiln_ms:.3f} ms, eager {eager_ms:.3f} ms"
                   f" ({ratio:.2f}x eager's time; median of {repeat})")
     return 0
 

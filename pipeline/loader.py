@@ -72,7 +72,7 @@ class CompiledModel:
         _declare(self._lib)
         version = self._lib.kiln_abi_version()
         if version != ABI_VERSION:
-            raise KilnError(f"{build_dir / MODEL_SO} has ABI version {version}; this kiln loads {ABI_VERSION}",
+            raise KilnError(f"{build_dir / MODEL_SO} has ABI version {version}; kiln loads {ABI_VERSION}",
                             "recompile the model with this version of kiln")
         handle = ctypes.c_void_p()
         if self._lib.kiln_model_create(str(build_dir / WEIGHTS).encode(), ctypes.byref(handle)) != 0:
@@ -95,9 +95,9 @@ class CompiledModel:
             ndim = getattr(lib, f"kiln_model_{side}_ndim")(h, i)
             sizes = getattr(lib, f"kiln_model_{side}_sizes")(h, i)
             strides = getattr(lib, f"kiln_model_{side}_strides")(h, i)
-            found.append(TensorInfo(getattr(lib, f"kiln_model_{side}_name")(h, i).decode(),
-                                    tuple(sizes[d] for d in range(ndim)), tuple(strides[d] for d in range(ndim)),
-                                    getattr(lib, f"kiln_model_{side}_dtype")(h, i).decode()))
+            name = getattr(lib, f"kiln_model_{side}_name")(h, i).decode()
+            dtype = getattr(lib, f"kiln_model_{side}_dtype")(h, i).decode()
+            found.append(TensorInfo(name, tuple(sizes[:ndim]), tuple(strides[:ndim]), dtype))
         return tuple(found)
 
     def __call__(self, *args: Any) -> Any:

@@ -23,7 +23,8 @@ def eager_model(config: ModelConfig, build_dir: Path) -> Any:
 
     from tasks.trace.factory import build_model
 
-    fields = {name: config.field(name) for name in ("model.factory", "model.kwargs", "model.dtype", "weights.seed")}
+    names = ("model.factory", "model.kwargs", "model.dtype", "weights.seed")
+    fields = {name: config.field(name) for name in names}
     module = build_model(fields, config.name, config.project_root).eval()
     weights = build_dir / "weights.safetensors"
     if weights.is_file():

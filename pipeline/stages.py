@@ -48,7 +48,8 @@ TRACE_CONFIG = (
 )
 
 RUNTIME_FILES = tuple(f"runtime/{name}" for name in (
-    "kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h", "kiln_fallback.h"))
+    "kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h",
+    "kiln_fallback.h"))
 
 STAGES: tuple[Stage, ...] = (
     Stage(

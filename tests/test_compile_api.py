@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,8 @@ from pipeline.run_model import flat_tensors
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    yield tmp_path_factory.mktemp("api") / "cache"
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("api") / "cache"
 
 
 class Structured(torch.nn.Module):
@@ -68,8 +67,10 @@ def test_output_structure_and_integer_inputs(cache_dir: Path, tmp_path: Path) ->
     compiled = _compiled(module, (ids, keep), cache_dir, tmp_path / "structured")
     ids2, keep2 = torch.randint(0, 20, (4, 6)), torch.rand(4, 6) > 0.5
     got, want = compiled(ids2, keep2), module(ids2, keep2)
-    assert isinstance(got, dict) and set(got) == {"hidden", "pooled", "count"}
-    assert isinstance(got["pooled"], tuple) and len(got["pooled"]) == 2
+    assert isinstance(got, dict)
+    assert set(got) == {"hidden", "pooled", "count"}
+    assert isinstance(got["pooled"], tuple)
+    assert len(got["pooled"]) == 2
     for a, b in zip(flat_tensors(got), flat_tensors(want), strict=True):
         assert a.dtype == b.dtype
         torch.testing.assert_close(a, b)

@@ -24,7 +24,8 @@ class Block(torch.nn.Module):
         self.norm = torch.nn.LayerNorm(16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(F.gelu(self.fc(x)) + x)
+        out: torch.Tensor = self.norm(F.gelu(self.fc(x)) + x)
+        return out
 
 
 class Conv(torch.nn.Module):
@@ -41,7 +42,10 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 
 
 def _cond(x: torch.Tensor) -> torch.Tensor:
-    out: torch.Tensor = torch.cond(x.sum() > 0, lambda h: h.softmax(-1), lambda h: h - h.mean(-1, keepdim=True), (x,))
+    def centred(h: torch.Tensor) -> torch.Tensor:
+        return h - h.mean(-1, keepdim=True)
+
+    out: torch.Tensor = torch.cond(x.sum() > 0, lambda h: h.softmax(-1), centred, (x,))
     return out
 
 
@@ -58,7 +62,7 @@ def _while(x: torch.Tensor) -> torch.Tensor:
 CASES: dict[str, tuple[Callable[..., Any] | torch.nn.Module, tuple[torch.Tensor, ...]]] = {
     "linear_gelu_layernorm": (Block(), (torch.randn(8, 16),)),
     "conv_relu": (Conv(), (torch.randn(2, 3, 8, 8),)),
-    "attention_bool_mask": (_attention, (torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4),
+    "attention_bool_mask": (_attention, (*(torch.randn(1, 2, 8, 4) for _ in range(3)),
                                          torch.rand(1, 1, 8, 8) > 0.3)),
     "cond": (_cond, (torch.randn(4, 8),)),
     "while_transpose": (_while, (torch.randn(6, 6),)),

@@ -31,7 +31,7 @@ def torch_root() -> Path:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("torch is not installed")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def torch_include() -> Path:

@@ -23,7 +23,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     missing = sorted({k.key for k in schedule.kernels} - set(tuning))
     if missing:
         raise KilnError(f"model {job.model!r}: no tuning decision for kernel {missing[0][:16]}",
-                        "the autotune stage's output does not match the schedule; recompile with --force autotune")
+                        "autotune's output does not match the schedule; recompile with --force autotune")
     signature = json.loads(job.input("lower/signature.json").read_text())
     target = job.env["target"]
     try:

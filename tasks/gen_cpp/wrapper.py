@@ -72,7 +72,8 @@ class Layout:
     def nbytes(self) -> int:
         if any(n == 0 for n in self.shape):
             return 0
-        return (1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))) * self.dtype.itemsize
+        span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))
+        return span * self.dtype.itemsize
 
 
 @dataclass
@@ -204,9 +205,8 @@ class WrapperWriter:
         loop.append(_call(self.graph(cond), [*cond_args, *cond_extra], [pred]))
         loop.append(f"if (!kiln::truthy({pred}, {_DTYPE[pred_buffer.dtype]})) break;")
         staging: list[str] = []
-        results = self.results_into(body, [f"nxt[{i}]" for i in range(n)],
-                                    [_with_layout(b, lay) for b, lay in zip(body.inputs[:n], carried, strict=True)],
-                                    staging)
+        targets = [_with_layout(b, lay) for b, lay in zip(body.inputs[:n], carried, strict=True)]
+        results = self.results_into(body, [f"nxt[{i}]" for i in range(n)], targets, staging)
         loop.append(_call(self.graph(body), [f"cur[{i}]" for i in range(n)] + body_extra, results.pointers))
         loop += staging
         loop.append("for (int i = 0; i < " + str(n) + "; ++i) std::swap(cur[i], nxt[i]);")
@@ -243,7 +243,8 @@ class GraphNames:
 
     def declarations(self) -> list[str]:
         offsets = dict(self.g.arena)
-        lines = [f"void* {self.vars[b.name]} = {src};" for b, src in zip(self.g.inputs, self.args, strict=True)]
+        inputs = zip(self.g.inputs, self.args, strict=True)
+        lines = [f"void* {self.vars[b.name]} = {src};" for b, src in inputs]
         for b in self.g.buffers:
             if b.name in self.g.outputs:
                 lines.append(f"void* {self.vars[b.name]} = results[{self.g.outputs.index(b.name)}];")
@@ -341,7 +342,7 @@ def _opt(name: str) -> str:
 
 def _sdpa(ins: list[str], p: Mapping[str, Any], what: str) -> str:
     if p.get("enable_gqa"):
-        raise WrapperError("scaled_dot_product_attention with enable_gqa=True is not supported on the cpu target")
+        raise WrapperError("attention with enable_gqa=True is not supported on the cpu target")
     scale, prefix = "nullptr", ""
     if p.get("scale") is not None:
         prefix = f"const double s = {_double(p['scale'])}; "
@@ -375,7 +376,7 @@ _EXTERN_CALLS: dict[ExternOp, Callable[[list[str], Mapping[str, Any], str], str]
 def spec_line(name: str, b: Buffer | Layout) -> str:
     shape, stride = b.shape, b.stride
     if len(shape) > MAX_DIMS:
-        raise WrapperError(f"{name}: a {len(shape)}-d tensor; kiln's runtime takes at most {MAX_DIMS} dimensions")
+        raise WrapperError(f"{name}: a {len(shape)}-d tensor; kiln's runtime takes {MAX_DIMS} at most")
     return f"  {{{json.dumps(name)}, {_DTYPE[b.dtype]}, {len(shape)}, {_ints(shape)}, {_ints(stride)}}},"
 
 
@@ -389,15 +390,43 @@ def wrapper_source(schedule: Schedule, target: str = "cpu") -> str:
     main = schedule.main
     users = [b for b in main.inputs if b.kind is not BufferKind.WEIGHT]
     weights = [b for b in main.inputs if b.kind is BufferKind.WEIGHT]
-    for w in weights:
-        if w.stride != contiguous_strides(w.shape) and w.numel > 1:
-            raise WrapperError(f"weight {w.name} has strides {w.stride}; the weights file holds contiguous tensors")
+    for b in weights:
+        if b.stride != contiguous_strides(b.shape) and b.numel > 1:
+            raise WrapperError(f"weight {b.name} has strides {b.stride}; weights files hold contiguous ones")
     order = {b.name: i for i, b in enumerate([*users, *weights])}
-    w = WrapperWriter(schedule)
-    w.graph(main, [f"args[{order[b.name]}]" for b in main.inputs])
+    writer = WrapperWriter(schedule)
+    writer.graph(main, [f"args[{order[b.name]}]" for b in main.inputs])
     produced = {b.name: b for b in main.buffers}
     outputs = [produced[name] for name in main.outputs]
-    lines = [
+    outs = [spec_line(f"output{i}", b) for i, b in enumerate(outputs)]
+    lines = [*_preamble(writer)]
+    for fn in writer.functions:
+        lines += [*fn, ""]
+    lines += _table("kiln::TensorSpec", "kInputs", [spec_line(b.name, b) for b in users])
+    lines += _table("kiln::TensorSpec", "kWeights", [spec_line(b.weight, b) for b in weights])
+    lines += _table("kiln::TensorSpec", "kOutputs", outs)
+    lines += [f"const size_t kArenas[] = {_ints(writer.arenas)};"]
+    lines += _table("size_t", "kScratch", [f"  {n}," for n in writer.scratch])
+    counts = (len(users), len(weights), len(outputs), len(writer.arenas), len(writer.scratch))
+    lines += [
+        "",
+        "}  // namespace",
+        "",
+        "namespace kiln {",
+        "const Program program = {{kInputs, {}, kWeights, {}, kOutputs, {},".format(*counts[:3]),
+        "                         kArenas, {}, kScratch, {}, graph_0, {}}};".format(*counts[3:],
+                                                                                   json.dumps(target)),
+        "}  // namespace kiln",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _preamble(w: WrapperWriter) -> list[str]:
+    """Includes, the kernels' prototypes and every graph function's declaration."""
+    prototypes = [f"void {function_for(key)}({', '.join(param_decl(p.spec, p.role) for p in k.params)});"
+                  for key, k in sorted(w.kernels.items())]
+    return [
         "// The wrapper of a model compiled by kiln (generated by tasks/gen_cpp; do not edit).",
         '#include "kiln_runtime.h"',
         *(['#include "kiln_fallback.h"'] if w.fallbacks else []),
@@ -405,8 +434,7 @@ def wrapper_source(schedule: Schedule, target: str = "cpu") -> str:
         "#include <limits>",
         "",
         'extern "C" {',
-        *(f"void {function_for(key)}({', '.join(param_decl(p.spec, p.role) for p in k.params)});"
-          for key, k in sorted(w.kernels.items())),
+        *prototypes,
         "}",
         "",
         "namespace {",
@@ -415,22 +443,3 @@ def wrapper_source(schedule: Schedule, target: str = "cpu") -> str:
           for i in range(len(w.functions))),
         "",
     ]
-    for fn in w.functions:
-        lines += [*fn, ""]
-    lines += _table("kiln::TensorSpec", "kInputs", [spec_line(b.name, b) for b in users])
-    lines += _table("kiln::TensorSpec", "kWeights", [spec_line(b.weight, b) for b in weights])
-    lines += _table("kiln::TensorSpec", "kOutputs", [spec_line(f"output{i}", b) for i, b in enumerate(outputs)])
-    lines += [f"const size_t kArenas[] = {_ints(w.arenas)};"]
-    lines += _table("size_t", "kScratch", [f"  {n}," for n in w.scratch])
-    lines += [
-        "",
-        "}  // namespace",
-        "",
-        "namespace kiln {",
-        f"const Program program = {{kInputs, {len(users)}, kWeights, {len(weights)}, kOutputs, {len(outputs)},",
-        f"                         kArenas, {len(w.arenas)}, kScratch, {len(w.scratch)}, graph_0, "
-        f"{json.dumps(target)}}};",
-        "}  // namespace kiln",
-        "",
-    ]
-    return "\n".join(lines)

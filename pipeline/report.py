@@ -29,7 +29,31 @@ def report_json(result: BuildResult) -> dict[str, Any]:
             for row in result.rows
         ],
         "warnings": result.warnings,
+        "kernels": kernel_rows(result),
     }
+
+
+def kernel_rows(result: BuildResult) -> list[dict[str, Any]]:
+    """One row per tuned kernel: variant chosen, its time, gain over the default variant and
+    share of all kernels' time (each distinct kernel counted once per launch)."""
+    tuned, generated = result.entries.get("autotune"), result.entries.get("gen-tuning-code")
+    if tuned is None or generated is None or "timings.json" not in tuned.artifacts:
+        return []
+    records = json.loads(tuned.file("timings.json").read_text())
+    spec = json.loads(generated.file("kernels.json").read_text())["kernels"]
+    names = {k["key"]: k["names"] for k in spec}
+    origins = {k["key"]: ", ".join(k.get("origins", [])) for k in spec}
+    rows = []
+    for key, r in records.items():
+        seconds = r["timings"].get(r["variant"])
+        launches = len(names.get(key, [])) or 1
+        rows.append({"kernel": names.get(key, [key[:16]])[0], "origins": origins.get(key, ""),
+                     "launches": launches, "variant": r["variant"],
+                     "config": r["config"], "seconds": seconds, "gain": r["gain"], "tuned": r["tuned"]})
+    total = sum((row["seconds"] or 0) * row["launches"] for row in rows)
+    for row in rows:
+        row["share"] = round((row["seconds"] or 0) * row["launches"] / total, 4) if total else None
+    return sorted(rows, key=lambda row: (-(row["share"] or 0), row["kernel"]))
 
 
 def chrome_trace(report: dict[str, Any]) -> dict[str, Any]:
@@ -103,8 +127,32 @@ def report_table(report: dict[str, Any]) -> Table:
     return table
 
 
+KERNEL_ROWS = 12  # the rest are summed in one line
+
+
+def kernel_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"kernels ({len(rows)} distinct), by share of kernel time", title_justify="left")
+    for col, justify in [("kernel", "left"), ("launches", "right"), ("variant", "left"), ("us", "right"),
+                         ("gain", "right"), ("share", "right")]:
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for row in rows[:KERNEL_ROWS]:
+        seconds, gain, share = row["seconds"], row["gain"], row["share"]
+        origins = f" ({row['origins']})" if row.get("origins") else ""
+        table.add_row(row["kernel"] + origins, str(row["launches"]), row["variant"],
+                      f"{seconds * 1e6:.1f}" if seconds is not None else "-",
+                      f"{gain:.2f}x" if gain else "-", f"{share:.0%}" if share is not None else "-")
+    rest = rows[KERNEL_ROWS:]
+    if rest:
+        share = sum(row["share"] or 0 for row in rest)
+        launches = sum(row["launches"] for row in rest)
+        table.add_row(f"... {len(rest)} more", str(launches), "", "", "", f"{share:.0%}")
+    return table
+
+
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     console.print(report_table(report))
+    if report.get("kernels"):
+        console.print(kernel_table(report["kernels"]))
     for warning in report.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")

@@ -63,5 +63,6 @@ def _entry(group: list[Kernel], folder: Path) -> dict[str, Any]:
         config = {"parallel": variant.parallel, "simd": variant.simd, "split_r": variant.split_r}
         variants.append({"name": variant.name, "file": rel, "config": config})
     params = [buffer_json(p.spec) | {"role": p.role, "bound": bounds.get(p.name)} for p in k.params]
-    return {"key": k.key, "names": [g.name for g in group], "function": function_for(k.key),
+    return {"key": k.key, "names": [g.name for g in group], "origins": list(k.origins[:3]),
+            "function": function_for(k.key),
             "params": params, "variants": variants}

@@ -15,7 +15,6 @@
 #include <limits>  // the generated code spells inf and nan with it
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 // Note: torch_call_dispatcher, stable lists and strings came in torch 2.10; a version macro a
@@ -43,7 +42,8 @@ namespace kiln {
 //     frees (torch_new_stable_ivalue / torch_delete_stable_ivalue from 2.13, new / delete before).
 //   T[] : a StableListHandle (torch_new_list_reserve_size, torch_list_push_back), freed with
 //     its elements by the dispatcher; a returned Tensor[] is a list we free ourselves.
-//   str: a StringHandle (torch_new_string_handle), freed by the dispatcher.
+//   str: a StringHandle (torch_new_string_handle), freed by the dispatcher (which, in 2.10 to
+//     2.13, leaks a std::string copy of it per call: pytorch/pytorch#191340).
 // `Scalar` (NumberType) and Generator (before 2.13) have no conversion: the dispatcher fails.
 using StableValue = uint64_t;
 
@@ -77,64 +77,57 @@ class FallbackCall {
   FallbackCall(const FallbackCall&) = delete;
   FallbackCall& operator=(const FallbackCall&) = delete;
   ~FallbackCall() {
-    for (Owned& o : args_) release(o);
-    for (Owned& o : rets_) release(o);
+    for (const Owned& o : owned_) release(o);
   }
 
   void push_tensor(AtenTensorHandle borrowed) {
     AtenTensorHandle fresh = nullptr;
     check(aoti_torch_new_tensor_handle(borrowed, &fresh), "aoti_torch_new_tensor_handle");
-    args_.push_back(Owned{Kind::kTensor, detail::bits_of(fresh), {}});
+    push_owned(Kind::kTensor, detail::bits_of(fresh));
   }
-  void push_int(int64_t v) { push_plain(detail::bits_of(v)); }
-  void push_double(double v) { push_plain(detail::bits_of(v)); }
-  void push_bool(bool v) { push_plain(detail::bits_of(v)); }
-  void push_none() { push_plain(0); }
-  void push_dtype(int32_t shim_dtype) { push_plain(detail::bits_of(shim_dtype)); }  // aoti_torch_dtype_*()
-  void push_enum(int32_t shim_code) { push_plain(detail::bits_of(shim_code)); }  // aoti_torch_layout_*() ...
+  void push_int(int64_t v) { values_.push_back(detail::bits_of(v)); }
+  void push_double(double v) { values_.push_back(detail::bits_of(v)); }
+  void push_bool(bool v) { values_.push_back(detail::bits_of(v)); }
+  void push_none() { values_.push_back(0); }
+  // shim codes, never c10's: aoti_torch_dtype_float32(), aoti_torch_layout_strided() ...
+  void push_dtype(int32_t shim_dtype) { values_.push_back(detail::bits_of(shim_dtype)); }
+  void push_enum(int32_t shim_code) { values_.push_back(detail::bits_of(shim_code)); }
   void push_device(int32_t shim_device_type, int32_t index) {
-    push_plain(static_cast<StableValue>(static_cast<uint32_t>(index)) |
-               (static_cast<StableValue>(static_cast<uint32_t>(shim_device_type)) << 32));
+    values_.push_back(static_cast<StableValue>(static_cast<uint32_t>(index)) |
+                      (static_cast<StableValue>(static_cast<uint32_t>(shim_device_type)) << 32));
   }
   void push_string(const char* text) {
     StringHandle handle = nullptr;
     check(torch_new_string_handle(text, std::strlen(text), &handle), "torch_new_string_handle");
-    args_.push_back(Owned{Kind::kString, detail::bits_of(handle), {}});
+    push_owned(Kind::kString, detail::bits_of(handle));
   }
 
   // The value pushed last becomes the present value of an optional (`T?`) argument.
   void wrap_optional() {
-    const size_t frame = list_starts_.empty() ? 0 : list_starts_.back();
-    if (args_.size() <= frame) fail("wrap_optional() with no value to wrap");
-    Owned boxed{Kind::kBox, 0, {}};
-    boxed.items.reserve(1);
+    const size_t frame = list_starts_.empty() ? 0 : list_starts_.back();  // the open list's first value
+    if (values_.size() <= frame) fail("wrap_optional() with no value to wrap");
+    owned_.reserve(owned_.size() + 1);  // so owning the box cannot throw
     StableValue* box = new_box();
-    *box = args_.back().value;
-    boxed.value = detail::bits_of(box);
-    boxed.items.push_back(std::move(args_.back()));
-    args_.back() = std::move(boxed);
+    *box = values_.back();
+    owned_.push_back(Owned{Kind::kBox, detail::bits_of(box)});
+    values_.back() = detail::bits_of(box);
   }
 
   // The values pushed between begin_list() and end_list() become one list argument.
-  void begin_list() { list_starts_.push_back(args_.size()); }
+  void begin_list() { list_starts_.push_back(values_.size()); }
   void end_list() {
     if (list_starts_.empty()) fail("end_list() without begin_list()");
     const size_t start = list_starts_.back();
-    Owned list{Kind::kList, 0, {}};
-    list.items.reserve(args_.size() - start);
-    StableListHandle handle = nullptr;
-    check(torch_new_list_reserve_size(args_.size() - start, &handle), "torch_new_list_reserve_size");
-    list.value = detail::bits_of(handle);
-    for (size_t i = start; i < args_.size(); ++i) {
-      if (torch_list_push_back(handle, args_[i].value) != AOTI_TORCH_SUCCESS) {
-        torch_delete_list(handle);  // the elements are still in args_, freed with them
-        fail("torch_list_push_back failed: " + last_error());
-      }
+    StableListHandle list = nullptr;
+    owned_.reserve(owned_.size() + 1);
+    check(torch_new_list_reserve_size(values_.size() - start, &list), "torch_new_list_reserve_size");
+    owned_.push_back(Owned{Kind::kList, detail::bits_of(list)});
+    for (size_t i = start; i < values_.size(); ++i) {
+      check(torch_list_push_back(list, values_[i]), "torch_list_push_back");
     }
-    for (size_t i = start; i < args_.size(); ++i) list.items.push_back(std::move(args_[i]));
-    args_.resize(start);
+    values_.resize(start);
+    values_.push_back(detail::bits_of(list));
     list_starts_.pop_back();
-    args_.push_back(std::move(list));
   }
   void push_int_list(std::initializer_list<int64_t> values) {
     begin_list();
@@ -147,62 +140,65 @@ class FallbackCall {
     if (ran_) fail("run() twice");
     if (!list_starts_.empty()) fail("a list was begun and never ended");
     ran_ = true;
-    std::vector<StableValue> stack(std::max(args_.size(), returns.size()), 0);
-    for (size_t i = 0; i < args_.size(); ++i) stack[i] = args_[i].value;
+    std::vector<StableValue> stack(std::max(values_.size(), returns.size()), 0);
+    std::copy(values_.begin(), values_.end(), stack.begin());
+    owned_.reserve(std::max(owned_.size(), returns.size()));  // so taking the returns cannot throw
     rets_.reserve(returns.size());
     // Note: the dispatcher owns every argument from here on, whether or not it succeeds: it
     // converts them all into IValues (deleting our handles, boxes and lists) before it can fail
     // in the op itself. A failure before that (an op name torch does not know, a schema type
     // with no conversion) leaks them; the generator checks both against torch's schema.
-    for (Owned& o : args_) forget(o);
-    args_.clear();
+    owned_.clear();
+    // Note: torch_call_dispatcher is aoti_torch_call_dispatcher plus the version of the headers
+    // we were built with, which lets torch adapt the stack to a schema that changed since.
     if (torch_call_dispatcher(op_, overload_, stack.data(), TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS) {
       fail(last_error());
     }
     size_t slot = 0;
     for (Ret r : returns) {
-      rets_.push_back(Owned{r == Ret::kTensor ? Kind::kTensor : Kind::kList, stack[slot++], {}});
+      const StableValue value = stack[slot++];
+      owned_.push_back(Owned{r == Ret::kTensor ? Kind::kTensor : Kind::kList, value});
+      rets_.push_back(Returned{r, value, 0, 0});
     }
-    for (Owned& ret : rets_) {
-      if (ret.kind == Kind::kList) read_tensor_list(ret);
+    for (Returned& ret : rets_) {
+      if (ret.kind == Ret::kTensorList) read_tensor_list(ret);
     }
   }
 
-  // Copies return `index` into `out` (borrowed, already of the right shape) and frees it.
+  // Copies return `index` into `out` (borrowed, already of the right shape and dtype).
   void copy_tensor(size_t index, AtenTensorHandle out) {
-    Owned& ret = returned(index, Kind::kTensor);
-    const AOTITorchError err = aoti_torch_copy_(out, detail::value_of<AtenTensorHandle>(ret.value), 0);
-    release(ret);
-    if (err != AOTI_TORCH_SUCCESS) fail("copying return " + std::to_string(index) + ": " + last_error());
+    copy(index, out, returned(index, Ret::kTensor).value);
   }
 
-  // Copies the tensors of a returned Tensor[] into `outs`, one each, and frees them.
+  // Copies the tensors of a returned Tensor[] into `outs`, one each.
   void copy_tensor_list(size_t index, std::initializer_list<AtenTensorHandle> outs) {
-    Owned& ret = returned(index, Kind::kList);
-    if (ret.items.size() != outs.size()) {
-      fail("return " + std::to_string(index) + " holds " + std::to_string(ret.items.size()) +
-           " tensors, kiln expected " + std::to_string(outs.size()));
+    const Returned& ret = returned(index, Ret::kTensorList);
+    if (ret.count != outs.size()) {
+      fail("return " + std::to_string(index) + " holds " + std::to_string(ret.count) + " tensors, kiln expected " +
+           std::to_string(outs.size()));
     }
-    size_t i = 0;
-    for (AtenTensorHandle out : outs) {
-      const AtenTensorHandle item = detail::value_of<AtenTensorHandle>(ret.items[i++].value);
-      if (aoti_torch_copy_(out, item, 0) != AOTI_TORCH_SUCCESS) {
-        fail("copying return " + std::to_string(index) + ": " + last_error());  // ~ frees ret
-      }
-    }
-    release(ret);
+    size_t i = ret.first;
+    for (AtenTensorHandle out : outs) copy(index, out, items_[i++]);
   }
 
  private:
-  enum class Kind : uint8_t { kPlain, kTensor, kString, kBox, kList };
-  // A stack value and what it owns: a box owns its one value, a list its elements.
+  // What the call owns until it is destroyed (returns included: the block ends right after).
+  enum class Kind : uint8_t { kTensor, kString, kBox, kList };
   struct Owned {
     Kind kind;
     StableValue value;
-    std::vector<Owned> items;
+  };
+  struct Returned {
+    Ret kind;
+    StableValue value;
+    size_t first;  // a Tensor[]'s tensors: items_[first, first + count)
+    size_t count;
   };
 
-  void push_plain(StableValue bits) { args_.push_back(Owned{Kind::kPlain, bits, {}}); }
+  void push_owned(Kind kind, StableValue value) {
+    owned_.push_back(Owned{kind, value});  // on bad_alloc the value leaks: nothing better to do
+    values_.push_back(value);
+  }
 
   StableValue* new_box() const {
 #if KILN_TORCH_2_13
@@ -214,34 +210,38 @@ class FallbackCall {
 #endif
   }
 
-  // A returned Tensor[]: its elements become ours, so the destructor frees them too.
-  void read_tensor_list(Owned& list) const {
-    const auto handle = detail::value_of<StableListHandle>(list.value);
+  // A returned Tensor[]: its tensors become ours one by one (a failed read leaks only the rest).
+  void read_tensor_list(Returned& ret) {
+    const auto list = detail::value_of<StableListHandle>(ret.value);
     size_t size = 0;
-    check(torch_list_size(handle, &size), "torch_list_size");
-    list.items.reserve(size);
+    check(torch_list_size(list, &size), "torch_list_size");
+    ret.first = items_.size();
+    owned_.reserve(owned_.size() + size);
+    items_.reserve(items_.size() + size);
     for (size_t i = 0; i < size; ++i) {
       StableValue item = 0;
-      check(torch_list_get_item(handle, i, &item), "torch_list_get_item");
-      list.items.push_back(Owned{Kind::kTensor, item, {}});
+      check(torch_list_get_item(list, i, &item), "torch_list_get_item");
+      owned_.push_back(Owned{Kind::kTensor, item});
+      items_.push_back(item);
+      ++ret.count;
     }
   }
 
-  Owned& returned(size_t index, Kind kind) {
+  const Returned& returned(size_t index, Ret kind) const {
     if (index >= rets_.size() || rets_[index].kind != kind) {
-      fail("return " + std::to_string(index) + " is missing, already copied, or of another kind");
+      fail("return " + std::to_string(index) + " is missing or of another kind");
     }
     return rets_[index];
   }
 
-  static void forget(Owned& o) noexcept {
-    o.kind = Kind::kPlain;
-    o.items.clear();
+  void copy(size_t index, AtenTensorHandle out, StableValue tensor) const {
+    if (aoti_torch_copy_(out, detail::value_of<AtenTensorHandle>(tensor), 0) != AOTI_TORCH_SUCCESS) {
+      fail("copying return " + std::to_string(index) + ": " + last_error());
+    }
   }
 
-  // Frees what o owns, deepest first. Error codes are ignored: this runs in the destructor.
-  static void release(Owned& o) noexcept {
-    for (Owned& item : o.items) release(item);
+  // Error codes are ignored: this runs in the destructor.
+  static void release(const Owned& o) noexcept {
     switch (o.kind) {
       case Kind::kTensor:
         aoti_torch_delete_tensor_object(detail::value_of<AtenTensorHandle>(o.value));
@@ -256,13 +256,10 @@ class FallbackCall {
         delete detail::value_of<StableValue*>(o.value);
 #endif
         break;
-      case Kind::kList:
+      case Kind::kList:  // its elements are owned entries of their own
         torch_delete_list(detail::value_of<StableListHandle>(o.value));
         break;
-      case Kind::kPlain:
-        break;
     }
-    forget(o);
   }
 
   static std::string last_error() {
@@ -286,9 +283,11 @@ class FallbackCall {
   const char* overload_;
   const char* what_;
   bool ran_ = false;
-  std::vector<Owned> args_;  // pushed, not yet handed to the dispatcher
-  std::vector<size_t> list_starts_;  // where each open list's elements begin in args_
-  std::vector<Owned> rets_;  // returned, not yet copied out
+  std::vector<StableValue> values_;  // the argument stack, being built
+  std::vector<size_t> list_starts_;  // where each open list's elements begin in values_
+  std::vector<Owned> owned_;  // handles, boxes and lists to free
+  std::vector<Returned> rets_;
+  std::vector<StableValue> items_;  // the tensors of returned lists
 };
 
 }  // namespace kiln

@@ -172,3 +172,19 @@ def test_the_cpp_example_in_the_readme_builds_and_runs(builds: dict[str, Path], 
     assert failed.returncode == 1
     assert "kiln: weights file" in failed.stderr
     assert "cannot open" in failed.stderr
+
+
+def test_back_half_artifacts_are_byte_identical_when_rerun(builds: dict[str, Path], shared_cache: Cache,
+                                                           tmp_path: Path) -> None:
+    _build("cond", builds, shared_cache)
+    config = load_config("cond")
+    first = compile_model(config, BuildOptions("cpu", tmp_path / "a"), shared_cache)
+    stages = frozenset({"gen-tuning-code", "autotune", "gen-cpp", "link"})
+    again = compile_model(config, BuildOptions("cpu", tmp_path / "b", force=stages), shared_cache)
+    assert {row.stage: row.status for row in again.rows if row.stage in stages} == dict.fromkeys(stages, "ran")
+    for stage in sorted(stages):
+        before, after = first.entries[stage], again.entries[stage]
+        assert sorted(before.artifacts) == sorted(after.artifacts)
+        for name in before.artifacts:
+            if name != "timings.json":  # measurements; tuning.json holds the decisions
+                assert before.file(name).read_bytes() == after.file(name).read_bytes(), f"{stage}/{name}"

@@ -32,5 +32,10 @@ bench-recompile: $(VENV)/.ready
 bench-lower-schedule: $(VENV)/.ready
 	$(PY) bench/lower_schedule.py $(MODEL)
 
+# kiln vs AOTInductor vs eager on CPU; MODELS="mlp bert" picks models (default: mlp bert-small gpt2-small)
+.PHONY: bench-cpu
+bench-cpu: $(VENV)/.ready
+	$(PY) bench/cpu_backend.py $(MODELS)
+
 clean:
 	rm -rf build

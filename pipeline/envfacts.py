@@ -50,6 +50,26 @@ def default_target() -> str:
     return "cuda" if gpu_visible() else "cpu"
 
 
+_V3_FLAGS = {"avx2", "fma", "bmi2", "f16c", "movbe"}
+
+
+@functools.cache
+def host_isa() -> str:
+    """The x86-64 level CPU kernels are compiled for: v3 (AVX2, FMA) where this CPU has it.
+
+    Note: a build is tied to that level, not to this exact CPU (no -march=native): model.so
+    checks the level when it is created and says so on a CPU without it.
+    """
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return "generic"
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "x86-64"
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return "x86-64-v3" if _V3_FLAGS <= set(flags) else "x86-64"
+
+
 def env_fact(name: str, target: str) -> str:
     """The value of one named environment fact, for keys and for `explain`."""
     if name == "python":
@@ -60,4 +80,6 @@ def env_fact(name: str, target: str) -> str:
         return cxx_version()
     if name in ("torch", "triton", "safetensors"):
         return package_version(name)
+    if name == "isa":
+        return host_isa()
     raise KeyError(f"unknown environment fact {name!r}")

@@ -311,6 +311,18 @@ void bind_weights(Context& ctx, const char* path) {
   }
 }
 
+void check_cpu() {
+#if defined(__x86_64__)
+  if (std::string(program.isa) == "x86-64-v3") {
+    __builtin_cpu_init();
+    bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
+    if (!ok)
+      throw Error(KILN_FAILED, "this model was compiled for x86-64-v3 (AVX2, FMA) and this CPU lacks them; "
+                               "recompile it on a machine like this one");
+  }
+#endif
+}
+
 void allocate_memory(Context& ctx) {
   for (size_t i = 0; i < program.num_arenas; ++i) {
     ctx.owned.push_back(allocate(program.arena_bytes[i]));
@@ -453,6 +465,7 @@ int kiln_model_create(const char* weights_path, KilnModel** model) {
     if (model == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "model is NULL");
     *model = nullptr;
     if (weights_path == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "weights_path is NULL");
+    kiln::check_cpu();
     auto made = std::make_unique<KilnModel>();
     kiln::bind_weights(made->ctx, weights_path);
     kiln::allocate_memory(made->ctx);

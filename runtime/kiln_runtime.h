@@ -47,6 +47,7 @@ struct Program {
   size_t num_scratch;
   GraphFn main;  // args: inputs then weights; results: outputs
   const char* target;
+  const char* isa;  // the x86-64 level the kernels were compiled for: "x86-64" or "x86-64-v3"
 };
 
 // Defined by the generated wrapper.

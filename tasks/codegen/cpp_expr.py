@@ -26,12 +26,12 @@ _TO_FLOAT = {DType.F16: "kiln::half_to_float", DType.BF16: "kiln::bf16_to_float"
 _FROM_FLOAT = {DType.F16: "kiln::float_to_half", DType.BF16: "kiln::float_to_bf16"}
 
 _UNARY_FN = {
-    Op.ABS: "std::abs", Op.EXP: "std::exp", Op.EXP2: "std::exp2", Op.EXPM1: "std::expm1",
+    Op.ABS: "std::abs", Op.EXP: "kiln::exp", Op.EXP2: "std::exp2", Op.EXPM1: "std::expm1",
     Op.LOG: "std::log", Op.LOG2: "std::log2", Op.LOG10: "std::log10", Op.LOG1P: "std::log1p",
     Op.SQRT: "std::sqrt", Op.RSQRT: "kiln::rsqrt", Op.SIN: "std::sin", Op.COS: "std::cos",
     Op.TAN: "std::tan", Op.ASIN: "std::asin", Op.ACOS: "std::acos", Op.ATAN: "std::atan",
-    Op.SINH: "std::sinh", Op.COSH: "std::cosh", Op.TANH: "std::tanh", Op.ASINH: "std::asinh",
-    Op.ACOSH: "std::acosh", Op.ATANH: "std::atanh", Op.ERF: "std::erf", Op.ERFINV: "kiln::erfinv",
+    Op.SINH: "std::sinh", Op.COSH: "std::cosh", Op.TANH: "kiln::tanh", Op.ASINH: "std::asinh",
+    Op.ACOSH: "std::acosh", Op.ATANH: "std::atanh", Op.ERF: "kiln::erf", Op.ERFINV: "kiln::erfinv",
     Op.SIGMOID: "kiln::sigmoid", Op.FLOOR: "std::floor", Op.CEIL: "std::ceil",
     Op.ROUND: "kiln::round_even", Op.TRUNC: "std::trunc", Op.SIGN: "kiln::sign",
     Op.ISNAN: "std::isnan", Op.ISINF: "std::isinf",

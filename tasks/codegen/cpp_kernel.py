@@ -179,10 +179,78 @@ def _pass(k: Kernel, kw: KernelWriter, nodes: tuple[int, ...], variant: CpuVaria
     reductions = [(i, k.nodes[i]) for i in nodes if isinstance(k.nodes[i], Reduction)]
     if variant.split_r:
         return _split_pass(k, reductions, before, inner, after)
+    if variant.simd and reductions and _lanes_fit(k, reductions):
+        return _lane_pass(k, kw, reductions, inner, after)
     simd = variant.simd and not reductions
     loops = _loops(r_names, k.reduce_ranges, 0, simd)
     return ["{", *("  " + x for x in before), *("  " + x for x in loops), "  {",
             *("    " + x for x in inner), "  }", *("  " + x for x in after), "}"]
+
+
+LANES = 8  # accumulators per reduction in a vectorized pass: two SSE or one AVX vector of floats
+_LANE_OPS = (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.WELFORD)
+
+
+def _lanes_fit(k: Kernel, reductions: list[tuple[int, KernelNode]]) -> bool:
+    return k.reduce_ranges[-1] >= 2 * LANES and all(
+        isinstance(n, Reduction) and n.op in _LANE_OPS and n.body.dtype.is_float for _, n in reductions)
+
+
+def _lane_pass(k: Kernel, kw: KernelWriter, reductions: list[tuple[int, KernelNode]], inner: list[str],
+               after: list[str]) -> list[str]:
+    """A pass over R whose last loop runs in chunks of LANES, one accumulator per lane, so the
+    compiler vectorizes it; the lanes are combined at the end (and the tail goes to lane 0).
+
+    Note: this reorders a float reduction (as eager's vectorized kernels do); a welford keeps
+    a count per lane and lanes merge with Chan's formula, so its result is still exact Welford.
+    """
+    r_names = [f"r{n}" for n in range(len(k.reduce_ranges))]
+    last, size = r_names[-1], k.reduce_ranges[-1]
+    main = size // LANES * LANES
+    nodes = {i: n for i, n in reductions if isinstance(n, Reduction)}
+    lane_inner = list(inner)
+    for i, node in nodes.items():
+        lane_inner = [_lane_update(line, node, f"acc{i}", f"[{last}_lane]") for line in lane_inner]
+    init = [line for i, node in nodes.items() for line in _lane_init(node, f"acc{i}")]
+    combine = [line for i, node in nodes.items() for line in _lane_combine(node, f"acc{i}")]
+    outer = _loops(r_names[:-1], k.reduce_ranges[:-1], 0, False)
+    body = [f"for (int64_t {last}_base = 0; {last}_base < {main}LL; {last}_base += {LANES})",
+            "#pragma omp simd", f"for (int64_t {last}_lane = 0; {last}_lane < {LANES}; ++{last}_lane)", "{",
+            f"  const int64_t {last} = {last}_base + {last}_lane;", *("  " + x for x in lane_inner), "}"]
+    if main < size:
+        body += [f"for (int64_t {last} = {main}LL; {last} < {size}LL; ++{last})", "{",
+                 f"  const int64_t {last}_lane = 0;", *("  " + x for x in lane_inner), "}"]
+    return ["{", *("  " + x for x in init), *("  " + x for x in outer), "  {", *("    " + x for x in body), "  }",
+            *("  " + x for x in combine), *("  " + x for x in after), "}"]
+
+
+def _lane_init(node: Reduction, acc: str) -> list[str]:
+    t = CTYPES[node.body.dtype]
+    if node.op is ReduceOp.WELFORD:
+        return [f"{t} {acc}_mean[{LANES}] = {{}}, {acc}_m2[{LANES}] = {{}}, {acc}_n[{LANES}] = {{}};"]
+    return [f"{t} {acc}_l[{LANES}];", f"for (int l = 0; l < {LANES}; ++l) {acc}_l[l] = {_identity(node)};"]
+
+
+def _lane_update(line: str, node: Reduction, acc: str, lane: str) -> str:
+    """The scalar update of `acc` (see _acc_update) rewritten onto the lane's accumulator."""
+    if node.op is ReduceOp.WELFORD:
+        prefix = f"{acc}.add("
+        if not line.startswith(prefix):
+            return line
+        v = line[len(prefix):-2]
+        m, m2, n = (f"{acc}_{s}{lane}" for s in ("mean", "m2", "n"))
+        return f"{{ {n} += 1; const auto d = {v} - {m}; {m} += d / {n}; {m2} += d * ({v} - {m}); }}"
+    return line.replace(f"{acc} ", f"{acc}_l{lane} ").replace(f"({acc},", f"({acc}_l{lane},")
+
+
+def _lane_combine(node: Reduction, acc: str) -> list[str]:
+    t = CTYPES[node.body.dtype]
+    if node.op is ReduceOp.WELFORD:
+        return [f"kiln::Welford<{t}> {acc};", f"for (int l = 0; l < {LANES}; ++l) {{",
+                f"  kiln::Welford<{t}> part;", f"  part.mean = {acc}_mean[l]; part.m2 = {acc}_m2[l];",
+                f"  part.n = static_cast<int64_t>({acc}_n[l]);", f"  {acc}.merge(part);", "}"]
+    return [f"{t} {acc} = {_identity(node)};",
+            f"for (int l = 0; l < {LANES}; ++l) {{ {_acc_update(node, acc, f'{acc}_l[l]', [], ())[0]} }}"]
 
 
 def _split_pass(k: Kernel, reductions: list[tuple[int, KernelNode]], before: list[str], inner: list[str],

@@ -386,7 +386,7 @@ def _table(ctype: str, name: str, rows: list[str]) -> list[str]:
     return [f"const {ctype} {name}[] = {{", *rows, "};"]
 
 
-def wrapper_source(schedule: Schedule, target: str = "cpu") -> str:
+def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64") -> str:
     main = schedule.main
     users = [b for b in main.inputs if b.kind is not BufferKind.WEIGHT]
     weights = [b for b in main.inputs if b.kind is BufferKind.WEIGHT]
@@ -414,8 +414,8 @@ def wrapper_source(schedule: Schedule, target: str = "cpu") -> str:
         "",
         "namespace kiln {",
         "const Program program = {{kInputs, {}, kWeights, {}, kOutputs, {},".format(*counts[:3]),
-        "                         kArenas, {}, kScratch, {}, graph_0, {}}};".format(*counts[3:],
-                                                                                   json.dumps(target)),
+        "                         kArenas, {}, kScratch, {}, graph_0, {}, {}}};".format(
+            *counts[3:], json.dumps(target), json.dumps(isa)),
         "}  // namespace kiln",
         "",
     ]

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
-from tasks.codegen.cpp_build import FLAGS, RUNTIME
+from pipeline.envfacts import host_isa
+from tasks.codegen.cpp_build import RUNTIME, kernel_flags
 from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
 from tasks.codegen.inputs import index_bounds
 from tasks.ir.serialize import buffer_json
@@ -38,7 +39,7 @@ def function_for(key: str) -> str:
     return f"kiln_{key[:16]}"
 
 
-def write(schedule: Schedule, out: Path) -> dict[str, Any]:
+def write(schedule: Schedule, out: Path, isa: str | None = None) -> dict[str, Any]:
     folder = out / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RUNTIME / "kiln_cpu.h", folder / "kiln_cpu.h")
@@ -46,7 +47,7 @@ def write(schedule: Schedule, out: Path) -> dict[str, Any]:
     for k in schedule.kernels:
         by_key.setdefault(k.key, []).append(k)
     entries = [_entry(group, folder) for group in by_key.values()]
-    spec = {"target": "cpu", "folder": "kernels", "compiler": ["g++", *FLAGS], "kernels": entries}
+    spec = {"target": "cpu", "folder": "kernels", "compiler": ["g++", *kernel_flags(isa or host_isa())], "kernels": entries}
     (out / "kernels.json").write_text(pretty_json(spec))
     shutil.copyfile(TUNER, out / "tune.py")
     return spec

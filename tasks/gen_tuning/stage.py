@@ -13,7 +13,7 @@ from tasks.schedule import model
 
 def run(job: StageJob) -> Mapping[str, Any]:
     schedule = model.schedule_from(json.loads(job.input("schedule/schedule.json").read_bytes()))
-    spec = cpu.write(schedule, job.out_dir)
+    spec = cpu.write(schedule, job.out_dir, job.env["isa"])
     variants = sum(len(k["variants"]) for k in spec["kernels"])
     return {"kernels": len(spec["kernels"]), "variants": variants,
             "summary": f"{len(spec['kernels'])} distinct kernels, {variants} variants"}

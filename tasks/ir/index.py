@@ -47,8 +47,30 @@ def linear(e: Expr) -> Linear:
     return {e: 1}, 0
 
 
+def _fold_divmod(terms: Mapping[Expr, int]) -> tuple[dict[Expr, int], int]:
+    """k*q*(x // q) + k*(x % q) -> k*x: a split index put back together."""
+    out = dict(terms)
+    constant = 0
+    for atom, coef in terms.items():
+        if atom.op is not Op.MOD or not _is_int_const(atom.args[1]) or atom not in out:
+            continue
+        x, q = atom.args[0], int(atom.args[1].arg)  # type: ignore[arg-type]
+        div = Expr(Op.FLOORDIV, DType.I64, (x, index(q)))
+        if out.get(div) != coef * q:
+            continue
+        del out[atom], out[div]
+        x_terms, x_constant = linear(x)
+        for a, c in x_terms.items():
+            out[a] = out.get(a, 0) + coef * c
+        constant += coef * x_constant
+    return {a: c for a, c in out.items() if c}, constant
+
+
 def from_linear(terms: Mapping[Expr, int], constant: int) -> Expr:
     """Rebuild in a fixed order: variables by name, then other atoms by key, constant last."""
+    terms, folded = _fold_divmod(terms)
+    constant += folded
+
     def order(atom: Expr) -> tuple[int, str, str]:
         return (0 if atom.op is Op.VAR else 1, str(atom.arg) if atom.op is Op.VAR else "", atom.key)
 
@@ -126,6 +148,10 @@ def floordiv(e: Expr, d: int, ranges: Ranges) -> Expr:
     lo, hi = bounds(remainder, ranges)
     if lo >= 0 and hi < d:
         return from_linear(quotient, q_const)
+    coarse = _coarsen(rest, r_const, d, ranges)
+    if coarse is not None:  # (g*L + S) // d with 0 <= S < g and g | d: L // (d/g)
+        large, g = coarse
+        return add(from_linear(quotient, q_const), floordiv(large, d // g, ranges))
     inner = Expr(Op.FLOORDIV, DType.I64, (remainder, index(d)))
     if not quotient and q_const == 0:
         return inner
@@ -139,11 +165,38 @@ def mod(e: Expr, m: int, ranges: Ranges) -> Expr:
     if m <= 0:
         raise ValueError(f"mod by {m}")
     terms, constant = linear(e)
-    kept = from_linear({a: c for a, c in terms.items() if c % m != 0}, constant % m)
+    rest = {a: c for a, c in terms.items() if c % m != 0}
+    kept = from_linear(rest, constant % m)
     lo, hi = bounds(kept, ranges)
     if lo >= 0 and hi < m:
         return kept
+    coarse = _coarsen(rest, constant % m, m, ranges)
+    if coarse is not None:  # (g*L + S) % m with 0 <= S < g and g | m: g*(L % (m/g)) + S
+        large, g = coarse
+        small = from_linear({a: c for a, c in rest.items() if c % g != 0}, constant % m % g)
+        return add(scale(mod(large, m // g, ranges), g), small)
     return Expr(Op.MOD, DType.I64, (kept, index(m)))
+
+
+def _coarsen(terms: Mapping[Expr, int], constant: int, d: int, ranges: Ranges) -> tuple[Expr, int] | None:
+    """The largest g | d that splits terms + constant into g*L + S with 0 <= S < g: (L, g)."""
+    best: tuple[Expr, int] | None = None
+    for coef in sorted({abs(c) for c in terms.values()}, reverse=True):
+        g = _gcd(coef, d)
+        if g <= 1 or (best is not None and g <= best[1]):
+            continue
+        large = {a: c // g for a, c in terms.items() if c % g == 0}
+        small = from_linear({a: c for a, c in terms.items() if c % g != 0}, constant % g)
+        lo, hi = bounds(small, ranges)
+        if lo >= 0 and hi < g:
+            best = (from_linear(large, constant // g), g)
+    return best
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
 
 
 def simplify(e: Expr, ranges: Ranges) -> Expr:

@@ -27,6 +27,7 @@ from tasks.codegen.cpp_build import (
     TORCH_LIBS,
     WRAPPER_FLAGS,
     compiler,
+    isa_flags,
     run_compiler,
     torch_include,
     torch_lib,
@@ -48,7 +49,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
         wrapper_o = Path(tmp) / "wrapper.o"
         with ThreadPoolExecutor(max_workers=2) as pool:
             runtime = pool.submit(_runtime_object, job.items(), cxx, job.env)
-            compiled = pool.submit(_compile_wrapper, cxx, wrapper, wrapper_o)
+            compiled = pool.submit(_compile_wrapper, cxx, wrapper, wrapper_o, job.env["isa"])
             compiled.result()
             runtime_o, hit, used = runtime.result()
         try:
@@ -61,11 +62,11 @@ def run(job: StageJob) -> Mapping[str, Any]:
     return {"kernels": len(objects), "runtime_cached": hit, "items": [used], "summary": note}
 
 
-def _compile_wrapper(cxx: str, wrapper: Path, out: Path) -> None:
+def _compile_wrapper(cxx: str, wrapper: Path, out: Path, isa: str) -> None:
     try:
         # Note: compiled from its own folder by a relative name, so no absolute path reaches
         # the object and model.so is byte-identical wherever the cache lives.
-        run_compiler([cxx, *WRAPPER_FLAGS, f"-I{RUNTIME}", f"-I{torch_include()}", "-c", wrapper.name,
+        run_compiler([cxx, *WRAPPER_FLAGS, *isa_flags(isa), f"-I{RUNTIME}", f"-I{torch_include()}", "-c", wrapper.name,
                       "-o", str(out)], cwd=wrapper.parent)
     except RuntimeError as err:
         raise KilnError(f"the generated wrapper does not compile: {err}",

@@ -6,6 +6,8 @@ view that strides cannot describe is copied first. The scheduler never fuses acr
 
 from __future__ import annotations
 
+from tasks.ir.dtypes import DType
+from tasks.ir.expr import Op, binary, cast
 from tasks.ir.nodes import ExternOp
 from tasks.lower.context import Call, Lower, LoweringError
 from tasks.lower.registry import register
@@ -29,7 +31,23 @@ def _addmm(ctx: Lower, call: Call) -> TensorValue:
     second = "mat2" if op is ExternOp.ADDMM else "batch2"
     inputs = [call.tensor("self"), call.tensor(first), call.tensor(second)]
     params = {"beta": call["beta"], "alpha": call["alpha"]}
+    if params == {"beta": 1, "alpha": 1} and call.meta.dtype in (DType.F32, DType.F64):
+        return _matmul_then_bias(ctx, call, op, inputs)
     return ctx.extern(op, list(inputs), params, call)
+
+
+def _matmul_then_bias(ctx: Lower, call: Call, op: ExternOp, inputs: list[TensorValue]) -> TensorValue:
+    """addmm as mm and a pointwise bias add, which the scheduler fuses into the kernel that
+    reads the product (a GELU, a residual and layer norm) instead of addmm's own pass that
+    copies the expanded bias into the output first.
+
+    Note: fp32 and fp64 only: for fp16/bf16 the product would round before the add.
+    """
+    bias, first, second = inputs
+    product = ctx.extern(ExternOp.MM if op is ExternOp.ADDMM else ExternOp.BMM, [first, second], {}, call)
+    dtype = call.meta.dtype
+    return ctx.pointwise(product.shape, dtype, call.origin, lambda loop: binary(
+        Op.ADD, loop.load(product, loop.idx), cast(loop.broadcast_load(bias), dtype)))
 
 
 @register("aten.convolution.default")

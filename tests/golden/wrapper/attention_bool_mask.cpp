@@ -44,5 +44,5 @@ const size_t* const kScratch = nullptr;
 
 namespace kiln {
 const Program program = {kInputs, 4, kWeights, 0, kOutputs, 1,
-                         kArenas, 1, kScratch, 0, graph_0, "cpu"};
+                         kArenas, 1, kScratch, 0, graph_0, "cpu", "x86-64"};
 }  // namespace kiln

@@ -273,10 +273,21 @@ struct Context {
   std::vector<char*> arenas;
   std::vector<char*> scratch_blocks;
   std::vector<Block> input_staging;  // per input: where an input with other strides is copied
+  std::vector<std::pair<void*, Tensor>> views;  // per view slot: the data it was made for
   std::mutex running;
 };
 
 char* arena(Context& ctx, size_t i) { return ctx.arenas[i]; }
+
+const Tensor& view(Context& ctx, size_t slot, void* data, DType dtype, std::initializer_list<int64_t> sizes,
+                   std::initializer_list<int64_t> strides) {
+  auto& [made_for, tensor] = ctx.views[slot];
+  if (tensor.get() == nullptr || made_for != data) {
+    tensor = view(data, dtype, sizes, strides);
+    made_for = data;
+  }
+  return tensor;
+}
 char* scratch(Context& ctx, size_t i) { return ctx.scratch_blocks[i]; }
 
 std::string shape_text(const int64_t* sizes, int ndim) {
@@ -333,6 +344,7 @@ void allocate_memory(Context& ctx) {
     ctx.scratch_blocks.push_back(ctx.owned.back().get());
   }
   ctx.input_staging.resize(program.num_inputs);
+  ctx.views.resize(program.num_views);
 }
 
 // The data of a checked tensor; `role` names it in errors ("input 'x'", "output 0").

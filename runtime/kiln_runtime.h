@@ -45,6 +45,7 @@ struct Program {
   size_t num_arenas;
   const size_t* scratch_bytes;  // staging for control flow (carried values, restrided operands)
   size_t num_scratch;
+  size_t num_views;  // view slots: tensors for shim calls, kept while their memory stays put
   GraphFn main;  // args: inputs then weights; results: outputs
   const char* target;
   const char* isa;  // the x86-64 level the kernels were compiled for: "x86-64" or "x86-64-v3"
@@ -95,6 +96,11 @@ class Tensor {
 
 // A CPU tensor over memory kiln owns (arena, weights, user tensors); it frees nothing.
 Tensor view(void* data, DType dtype, std::initializer_list<int64_t> sizes, std::initializer_list<int64_t> strides);
+
+// The tensor of view slot `slot`, made again only when `data` moved (a new input tensor, say):
+// views of the arena and the weights are made once per model, not once per call.
+const Tensor& view(Context& ctx, size_t slot, void* data, DType dtype, std::initializer_list<int64_t> sizes,
+                   std::initializer_list<int64_t> strides);
 
 void mm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what);
 void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what);

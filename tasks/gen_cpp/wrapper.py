@@ -84,6 +84,7 @@ class WrapperWriter:
     scratch: list[int] = field(default_factory=list)
     kernels: dict[str, Kernel] = field(default_factory=dict)  # key -> a kernel with it
     fallbacks: int = 0
+    views: int = 0  # view slots (kiln::view(ctx, slot, ...))
 
     def graph(self, g: ScheduledGraph, args: Sequence[str] | None = None) -> int:
         """Adds graph_<i>; returns i. `args[k]` names where graph input k comes from."""
@@ -108,7 +109,7 @@ class WrapperWriter:
             return self.kernel_call(self.schedule.kernel(step.kernel), names)
         if isinstance(step, CallStep):
             if isinstance(step.node, Extern):
-                return extern_call(step.node, names)
+                return extern_call(step.node, names, self)
             return self.fallback(step.node, names)
         if isinstance(step, CondStep):
             return self.cond(step, names)
@@ -306,10 +307,12 @@ def copy_line(dst: str, dst_layout: Layout, src: str, src_layout: Layout) -> str
             f"{dst_layout.dtype.itemsize}); }}")
 
 
-def tensor_of(v: View, names: GraphNames) -> str:
+def tensor_of(v: View, names: GraphNames, slot: int | None = None) -> str:
+    """A tensor over a view: a fresh one, or the one kept in a view slot of the model."""
     if len(v.shape) > MAX_DIMS:
         raise WrapperError(f"a {len(v.shape)}-d tensor: kiln's runtime takes at most {MAX_DIMS} dimensions")
-    return f"kiln::view({names.at(v)}, {_DTYPE[v.dtype]}, {_ints(v.shape)}, {_ints(v.stride)})"
+    where = "" if slot is None else f"ctx, {slot}, "
+    return f"kiln::view({where}{names.at(v)}, {_DTYPE[v.dtype]}, {_ints(v.shape)}, {_ints(v.stride)})"
 
 
 def _double(value: Any) -> str:
@@ -321,16 +324,21 @@ def _double(value: Any) -> str:
     return x.hex()
 
 
-def extern_call(node: Extern, names: GraphNames) -> list[str]:
+def extern_call(node: Extern, names: GraphNames, w: WrapperWriter) -> list[str]:
     what = f"{node.op.value} ({_clean(node.origin)})"
     params = json.loads(node.params)
-    lines = [f"{{  // {what}", f"  kiln::Tensor out = {tensor_of(_whole(node.out), names)};"]
+
+    def slot() -> int:
+        w.views += 1
+        return w.views - 1
+
+    lines = [f"{{  // {what}", f"  const kiln::Tensor& out = {tensor_of(_whole(node.out), names, slot())};"]
     ins: list[str] = []
     for i, v in enumerate(node.inputs):
         if v is None:
             ins.append("nullptr")
             continue
-        lines.append(f"  kiln::Tensor in{i} = {tensor_of(v, names)};")
+        lines.append(f"  const kiln::Tensor& in{i} = {tensor_of(v, names, slot())};")
         ins.append(f"in{i}")
     lines.append("  " + _EXTERN_CALLS[node.op](ins, params, f'"{what}"') + ";")
     return [*lines, "}"]
@@ -407,14 +415,14 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64")
     lines += _table("kiln::TensorSpec", "kOutputs", outs)
     lines += [f"const size_t kArenas[] = {_ints(writer.arenas)};"]
     lines += _table("size_t", "kScratch", [f"  {n}," for n in writer.scratch])
-    counts = (len(users), len(weights), len(outputs), len(writer.arenas), len(writer.scratch))
+    counts = (len(users), len(weights), len(outputs), len(writer.arenas), len(writer.scratch), writer.views)
     lines += [
         "",
         "}  // namespace",
         "",
         "namespace kiln {",
         "const Program program = {{kInputs, {}, kWeights, {}, kOutputs, {},".format(*counts[:3]),
-        "                         kArenas, {}, kScratch, {}, graph_0, {}, {}}};".format(
+        "                         kArenas, {}, kScratch, {}, {}, graph_0, {}, {}}};".format(
             *counts[3:], json.dumps(target), json.dumps(isa)),
         "}  // namespace kiln",
         "",

@@ -17,11 +17,11 @@ void graph_0(kiln::Context& ctx, void* const* args, void* const* results) {
   void* b_args_3 = args[3];
   void* b_buf0 = results[0];
   {  // scaled_dot_product_attention (scaled_dot_product_attention)
-    kiln::Tensor out = kiln::view(b_buf0, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
-    kiln::Tensor in0 = kiln::view(b_args_0, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
-    kiln::Tensor in1 = kiln::view(b_args_1, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
-    kiln::Tensor in2 = kiln::view(b_args_2, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
-    kiln::Tensor in3 = kiln::view(b_args_3, kiln::DType::B8, {1, 1, 8, 8}, {64, 64, 8, 1});
+    const kiln::Tensor& out = kiln::view(ctx, 0, b_buf0, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
+    const kiln::Tensor& in0 = kiln::view(ctx, 1, b_args_0, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
+    const kiln::Tensor& in1 = kiln::view(ctx, 2, b_args_1, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
+    const kiln::Tensor& in2 = kiln::view(ctx, 3, b_args_2, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
+    const kiln::Tensor& in3 = kiln::view(ctx, 4, b_args_3, kiln::DType::B8, {1, 1, 8, 8}, {64, 64, 8, 1});
     kiln::attention(out, in0, in1, in2, &in3, 0x0.0p+0, false, nullptr, "scaled_dot_product_attention (scaled_dot_product_attention)");
   }
   (void)ctx; (void)args; (void)results;
@@ -44,5 +44,5 @@ const size_t* const kScratch = nullptr;
 
 namespace kiln {
 const Program program = {kInputs, 4, kWeights, 0, kOutputs, 1,
-                         kArenas, 1, kScratch, 0, graph_0, "cpu", "x86-64"};
+                         kArenas, 1, kScratch, 0, 5, graph_0, "cpu", "x86-64"};
 }  // namespace kiln

@@ -61,5 +61,5 @@ const size_t* const kScratch = nullptr;
 
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 0, kOutputs, 1,
-                         kArenas, 3, kScratch, 0, graph_0, "cpu", "x86-64"};
+                         kArenas, 3, kScratch, 0, 0, graph_0, "cpu", "x86-64"};
 }  // namespace kiln

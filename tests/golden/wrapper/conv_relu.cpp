@@ -19,10 +19,10 @@ void graph_0(kiln::Context& ctx, void* const* args, void* const* results) {
   void* b_buf0 = arena + 0;
   void* b_buf1 = results[0];
   {  // convolution (convolution)
-    kiln::Tensor out = kiln::view(b_buf0, kiln::DType::F32, {2, 4, 8, 8}, {256, 64, 8, 1});
-    kiln::Tensor in0 = kiln::view(b_x, kiln::DType::F32, {2, 3, 8, 8}, {192, 64, 8, 1});
-    kiln::Tensor in1 = kiln::view(b_p_conv_weight, kiln::DType::F32, {4, 3, 3, 3}, {27, 9, 3, 1});
-    kiln::Tensor in2 = kiln::view(b_p_conv_bias, kiln::DType::F32, {4}, {1});
+    const kiln::Tensor& out = kiln::view(ctx, 0, b_buf0, kiln::DType::F32, {2, 4, 8, 8}, {256, 64, 8, 1});
+    const kiln::Tensor& in0 = kiln::view(ctx, 1, b_x, kiln::DType::F32, {2, 3, 8, 8}, {192, 64, 8, 1});
+    const kiln::Tensor& in1 = kiln::view(ctx, 2, b_p_conv_weight, kiln::DType::F32, {4, 3, 3, 3}, {27, 9, 3, 1});
+    const kiln::Tensor& in2 = kiln::view(ctx, 3, b_p_conv_bias, kiln::DType::F32, {4}, {1});
     kiln::convolution(out, in0, in1, &in2, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 1, "convolution (convolution)");
   }
   // k0: relu
@@ -47,5 +47,5 @@ const size_t* const kScratch = nullptr;
 
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 2, kOutputs, 1,
-                         kArenas, 1, kScratch, 0, graph_0, "cpu", "x86-64"};
+                         kArenas, 1, kScratch, 0, 4, graph_0, "cpu", "x86-64"};
 }  // namespace kiln

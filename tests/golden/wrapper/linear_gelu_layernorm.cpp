@@ -4,7 +4,7 @@
 #include <limits>
 
 extern "C" {
-void kiln_f73357f35c33805b(const float* __restrict in0, const float* __restrict in1, const float* __restrict in2, const float* __restrict in3, float* __restrict out0);
+void kiln_e5bfebec617b0538(const float* __restrict in0, const float* __restrict in1, const float* __restrict in2, const float* __restrict in3, const float* __restrict in4, float* __restrict out0);
 }
 
 namespace {
@@ -19,16 +19,15 @@ void graph_0(kiln::Context& ctx, void* const* args, void* const* results) {
   void* b_p_norm_bias = args[4];
   void* b_x = args[0];
   void* b_buf0 = arena + 0;
-  void* b_buf6 = results[0];
-  {  // addmm (addmm)
-    kiln::Tensor out = kiln::view(b_buf0, kiln::DType::F32, {8, 16}, {16, 1});
-    kiln::Tensor in0 = kiln::view(b_p_fc_bias, kiln::DType::F32, {16}, {1});
-    kiln::Tensor in1 = kiln::view(b_x, kiln::DType::F32, {8, 16}, {16, 1});
-    kiln::Tensor in2 = kiln::view(b_p_fc_weight, kiln::DType::F32, {16, 16}, {1, 16});
-    kiln::addmm(out, in0, in1, in2, 0x1.0000000000000p+0, 0x1.0000000000000p+0, "addmm (addmm)");
+  void* b_buf7 = results[0];
+  {  // mm (addmm)
+    const kiln::Tensor& out = kiln::view(ctx, 0, b_buf0, kiln::DType::F32, {8, 16}, {16, 1});
+    const kiln::Tensor& in0 = kiln::view(ctx, 1, b_x, kiln::DType::F32, {8, 16}, {16, 1});
+    const kiln::Tensor& in1 = kiln::view(ctx, 2, b_p_fc_weight, kiln::DType::F32, {16, 16}, {1, 16});
+    kiln::mm(out, in0, in1, "mm (addmm)");
   }
   // k0: native_layer_norm
-  kiln_f73357f35c33805b(static_cast<const float*>(b_buf0), static_cast<const float*>(b_x), static_cast<const float*>(b_p_norm_weight), static_cast<const float*>(b_p_norm_bias), static_cast<float*>(b_buf6));
+  kiln_e5bfebec617b0538(static_cast<const float*>(b_buf0), static_cast<const float*>(b_p_fc_bias), static_cast<const float*>(b_x), static_cast<const float*>(b_p_norm_weight), static_cast<const float*>(b_p_norm_bias), static_cast<float*>(b_buf7));
   (void)ctx; (void)args; (void)results;
 }
 
@@ -51,5 +50,5 @@ const size_t* const kScratch = nullptr;
 
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 4, kOutputs, 1,
-                         kArenas, 1, kScratch, 0, graph_0, "cpu", "x86-64"};
+                         kArenas, 1, kScratch, 0, 3, graph_0, "cpu", "x86-64"};
 }  // namespace kiln

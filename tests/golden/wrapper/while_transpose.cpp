@@ -85,5 +85,5 @@ const size_t kScratch[] = {
 
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 1, kOutputs, 1,
-                         kArenas, 3, kScratch, 5, graph_0, "cpu", "x86-64"};
+                         kArenas, 3, kScratch, 5, 0, graph_0, "cpu", "x86-64"};
 }  // namespace kiln

@@ -66,8 +66,9 @@ def host_isa() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return "x86-64"
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return "x86-64-v3" if _V3_FLAGS <= set(flags) else "x86-64"
+    lines = [line for line in text.splitlines() if line.startswith("flags")]
+    flags = set(lines[0].split(":", 1)[1].split()) if lines else set()
+    return "x86-64-v3" if flags >= _V3_FLAGS else "x86-64"
 
 
 def env_fact(name: str, target: str) -> str:

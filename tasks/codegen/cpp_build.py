@@ -62,7 +62,8 @@ def run_compiler(cmd: list[str], cwd: Path | None = None) -> None:
 
 
 def build_shared(source: Path, out: Path, include: tuple[Path, ...] = ()) -> None:
-    cmd = [compiler(), *kernel_flags(host_isa()), f"-I{RUNTIME}", *(f"-I{p}" for p in include), str(source), "-o", str(out)]
+    includes = [f"-I{p}" for p in (RUNTIME, *include)]
+    cmd = [compiler(), *kernel_flags(host_isa()), *includes, str(source), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"C++ build of {source.name} failed:\n{proc.stderr[-4000:]}")

@@ -220,7 +220,8 @@ def _lane_pass(k: Kernel, kw: KernelWriter, reductions: list[tuple[int, KernelNo
     if main < size:
         body += [f"for (int64_t {last} = {main}LL; {last} < {size}LL; ++{last})", "{",
                  f"  const int64_t {last}_lane = 0;", *("  " + x for x in lane_inner), "}"]
-    return ["{", *("  " + x for x in init), *("  " + x for x in outer), "  {", *("    " + x for x in body), "  }",
+    return ["{", *("  " + x for x in init), *("  " + x for x in outer),
+            "  {", *("    " + x for x in body), "  }",
             *("  " + x for x in combine), *("  " + x for x in after), "}"]
 
 

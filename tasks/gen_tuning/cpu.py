@@ -47,7 +47,8 @@ def write(schedule: Schedule, out: Path, isa: str | None = None) -> dict[str, An
     for k in schedule.kernels:
         by_key.setdefault(k.key, []).append(k)
     entries = [_entry(group, folder) for group in by_key.values()]
-    spec = {"target": "cpu", "folder": "kernels", "compiler": ["g++", *kernel_flags(isa or host_isa())], "kernels": entries}
+    compiler = ["g++", *kernel_flags(isa or host_isa())]
+    spec = {"target": "cpu", "folder": "kernels", "compiler": compiler, "kernels": entries}
     (out / "kernels.json").write_text(pretty_json(spec))
     shutil.copyfile(TUNER, out / "tune.py")
     return spec

@@ -66,7 +66,8 @@ def _compile_wrapper(cxx: str, wrapper: Path, out: Path, isa: str) -> None:
     try:
         # Note: compiled from its own folder by a relative name, so no absolute path reaches
         # the object and model.so is byte-identical wherever the cache lives.
-        run_compiler([cxx, *WRAPPER_FLAGS, *isa_flags(isa), f"-I{RUNTIME}", f"-I{torch_include()}", "-c", wrapper.name,
+        flags = [*WRAPPER_FLAGS, *isa_flags(isa), f"-I{RUNTIME}", f"-I{torch_include()}"]
+        run_compiler([cxx, *flags, "-c", wrapper.name,
                       "-o", str(out)], cwd=wrapper.parent)
     except RuntimeError as err:
         raise KilnError(f"the generated wrapper does not compile: {err}",

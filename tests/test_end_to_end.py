@@ -76,7 +76,7 @@ def test_cond_takes_both_branches(builds: dict[str, Path], shared_cache: Cache) 
 def test_make_compile_then_load(tmp_path: Path) -> None:
     """What a user types: `kiln compile`, then `kiln run`, then load() in Python."""
     out = tmp_path / "mlp"
-    kiln(["compile", "mlp", "--out", str(out), "--quiet"], tmp_path / "cache")
+    kiln(["compile", "mlp", "--target", "cpu", "--out", str(out), "--quiet"], tmp_path / "cache")
     published = {p.name for p in out.iterdir()}
     assert {"model.so", "kiln_model.h", "weights.safetensors", "model.json"} <= published
     ran = kiln(["run", "mlp", "--out", str(out), "--repeat", "3"], tmp_path / "cache")

@@ -159,28 +159,33 @@ def _pass(k: Kernel, kw: KernelWriter, nodes: tuple[int, ...], variant: CpuVaria
     full_idx = [f"i{n}" for n in range(len(k.ranges))] + r_names
     before: list[str] = []
     inner: list[str] = []
+    lane_inner: list[str] = []  # the same, updating one accumulator per lane (see _lane_pass)
     after: list[str] = []
+    lane = f"[{r_names[-1]}_lane]" if r_names else ""
     for i in nodes:
         node = k.nodes[i]
         w = kw.writer()
         if isinstance(node, Pointwise):
-            inner += w.emit([node.body])
+            code = w.emit([node.body])
             if node.out.name in kw.locals:
-                inner.append(f"const {CTYPES[node.out.dtype]} {node.out.name} = {w.ref(node.body)};")
+                code.append(f"const {CTYPES[node.out.dtype]} {node.out.name} = {w.ref(node.body)};")
             else:
-                inner.append(kw.store(node.out, w.ref(node.body), full_idx))
+                code.append(kw.store(node.out, w.ref(node.body), full_idx))
+            inner += code
+            lane_inner += code
         else:
             assert isinstance(node, Reduction)
             acc = f"acc{i}"
             before += _acc_init(node, acc)
-            inner += w.emit([node.body])
-            inner += _acc_update(node, acc, w.ref(node.body), r_names, k.reduce_ranges)
+            code = w.emit([node.body])
+            inner += code + _acc_update(node, acc, w.ref(node.body), r_names, k.reduce_ranges)
+            lane_inner += code + _lane_update(node, acc, w.ref(node.body), lane)
             after += _acc_finish(node, acc, kw, [f"i{n}" for n in range(len(k.ranges))])
     reductions = [(i, k.nodes[i]) for i in nodes if isinstance(k.nodes[i], Reduction)]
     if variant.split_r:
         return _split_pass(k, reductions, before, inner, after)
     if variant.simd and reductions and _lanes_fit(k, reductions):
-        return _lane_pass(k, kw, reductions, inner, after)
+        return _lane_pass(k, reductions, lane_inner, after)
     simd = variant.simd and not reductions
     loops = _loops(r_names, k.reduce_ranges, 0, simd)
     return ["{", *("  " + x for x in before), *("  " + x for x in loops), "  {",
@@ -196,7 +201,7 @@ def _lanes_fit(k: Kernel, reductions: list[tuple[int, KernelNode]]) -> bool:
         isinstance(n, Reduction) and n.op in _LANE_OPS and n.body.dtype.is_float for _, n in reductions)
 
 
-def _lane_pass(k: Kernel, kw: KernelWriter, reductions: list[tuple[int, KernelNode]], inner: list[str],
+def _lane_pass(k: Kernel, reductions: list[tuple[int, KernelNode]], lane_inner: list[str],
                after: list[str]) -> list[str]:
     """A pass over R whose last loop runs in chunks of LANES, one accumulator per lane, so the
     compiler vectorizes it; the lanes are combined at the end (and the tail goes to lane 0).
@@ -208,9 +213,6 @@ def _lane_pass(k: Kernel, kw: KernelWriter, reductions: list[tuple[int, KernelNo
     last, size = r_names[-1], k.reduce_ranges[-1]
     main = size // LANES * LANES
     nodes = {i: n for i, n in reductions if isinstance(n, Reduction)}
-    lane_inner = list(inner)
-    for i, node in nodes.items():
-        lane_inner = [_lane_update(line, node, f"acc{i}", f"[{last}_lane]") for line in lane_inner]
     init = [line for i, node in nodes.items() for line in _lane_init(node, f"acc{i}")]
     combine = [line for i, node in nodes.items() for line in _lane_combine(node, f"acc{i}")]
     outer = _loops(r_names[:-1], k.reduce_ranges[:-1], 0, False)
@@ -232,16 +234,12 @@ def _lane_init(node: Reduction, acc: str) -> list[str]:
     return [f"{t} {acc}_l[{LANES}];", f"for (int l = 0; l < {LANES}; ++l) {acc}_l[l] = {_identity(node)};"]
 
 
-def _lane_update(line: str, node: Reduction, acc: str, lane: str) -> str:
-    """The scalar update of `acc` (see _acc_update) rewritten onto the lane's accumulator."""
-    if node.op is ReduceOp.WELFORD:
-        prefix = f"{acc}.add("
-        if not line.startswith(prefix):
-            return line
-        v = line[len(prefix):-2]
-        m, m2, n = (f"{acc}_{s}{lane}" for s in ("mean", "m2", "n"))
-        return f"{{ {n} += 1; const auto d = {v} - {m}; {m} += d / {n}; {m2} += d * ({v} - {m}); }}"
-    return line.replace(f"{acc} ", f"{acc}_l{lane} ").replace(f"({acc},", f"({acc}_l{lane},")
+def _lane_update(node: Reduction, acc: str, v: str, lane: str) -> list[str]:
+    """_acc_update onto the lane's accumulator (a welford keeps a count per lane)."""
+    if node.op is not ReduceOp.WELFORD:
+        return _acc_update(node, f"{acc}_l{lane}", v, [], ())
+    m, m2, n = (f"{acc}_{part}{lane}" for part in ("mean", "m2", "n"))
+    return [f"{{ {n} += 1; const auto d = {v} - {m}; {m} += d / {n}; {m2} += d * ({v} - {m}); }}"]
 
 
 def _lane_combine(node: Reduction, acc: str) -> list[str]:

@@ -110,3 +110,28 @@ def test_index_bounds_come_from_the_dimensions_an_integer_indexes() -> None:
     c = compile_fn(lambda x, i: torch.zeros(8, 3).scatter_add(0, i, x[:5, :3]), X, IDX)
     scatter = next(k for k in c.schedule.kernels if any(p.role == "inout" for p in k.params))
     assert list(index_bounds(scatter).values()) == [8]
+
+
+@needs_cxx
+def test_reductions_and_math_functions_vectorize(tmp_path: Path) -> None:
+    """Each pass of a layer norm and a softmax, and a tanh GELU, run as vector code: lanes of
+    accumulators, and kiln's own exp / tanh / erf instead of scalar libm calls."""
+
+    def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+    cases: list[tuple[Any, int]] = [
+        (lambda x: torch.nn.functional.layer_norm(x, (256,)), 2),  # welford pass, normalize pass
+        (lambda x: torch.softmax(x, -1), 3),  # max, sum of exp, divide
+        (gelu_tanh, 1),
+        (lambda x: torch.erf(x) * torch.sigmoid(x), 1),
+    ]
+    for fn, loops in cases:
+        (k,) = compile_fn(fn, torch.randn(64, 256)).schedule.kernels
+        source = tmp_path / "k.cpp"
+        source.write_text(kernel_source(k, CpuVariant()))
+        cmd = [compiler(), *FLAGS, f"-I{RUNTIME}", "-fopt-info-vec-optimized", str(source), "-o",
+               str(tmp_path / "k.so")]
+        report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+        vectorized = {line.split(":")[1] for line in report.splitlines() if "loop vectorized" in line}
+        assert len(vectorized) >= loops, report

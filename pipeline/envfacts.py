@@ -46,6 +46,19 @@ def gpu_visible() -> bool:
     return (gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists()
 
 
+@functools.cache
+def gpu_name() -> str:
+    """The first visible GPU's model, from the driver's files (no CUDA import); "none" without one.
+    Tuning results depend on it: an H100's winners are not an H200's."""
+    if not gpu_visible():
+        return "none"
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                return line.split(":", 1)[1].strip()
+    return "nvidia"
+
+
 def default_target() -> str:
     return "cuda" if gpu_visible() else "cpu"
 
@@ -79,8 +92,12 @@ def env_fact(name: str, target: str) -> str:
         return target
     if name == "cxx":
         return cxx_version()
-    if name in ("torch", "triton", "safetensors"):
+    if name == "triton":  # only the cuda target's kernels are Triton's
+        return package_version(name) if target == "cuda" else "-"
+    if name in ("torch", "safetensors"):
         return package_version(name)
     if name == "isa":
         return host_isa()
+    if name == "gpu":
+        return gpu_name() if target == "cuda" else "none"
     raise KeyError(f"unknown environment fact {name!r}")

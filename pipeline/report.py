@@ -33,6 +33,15 @@ def report_json(result: BuildResult) -> dict[str, Any]:
     }
 
 
+def _variant_text(record: dict[str, Any]) -> str:
+    """cpu: the variant's name; cuda: the variant and its config (XBLOCK, RBLOCK, warps)."""
+    config = record.get("config") or {}
+    if "XBLOCK" not in config:
+        return str(record.get("variant", "-"))
+    text = f"{record.get('variant')} X{config['XBLOCK']} R{config['RBLOCK']} w{config['num_warps']}"
+    return text if record.get("tuned") else f"{text} (untuned)"
+
+
 def kernel_rows(result: BuildResult) -> list[dict[str, Any]]:
     """One row per tuned kernel: variant chosen, its time, gain over the default variant and
     share of all kernels' time (each distinct kernel counted once per launch)."""
@@ -45,10 +54,10 @@ def kernel_rows(result: BuildResult) -> list[dict[str, Any]]:
     origins = {k["key"]: ", ".join(k.get("origins", [])) for k in spec}
     rows = []
     for key, r in records.items():
-        seconds = r["timings"].get(r["variant"])
+        seconds = r.get("timings", {}).get(r.get("label") or r.get("variant"))
         launches = len(names.get(key, [])) or 1
         rows.append({"kernel": names.get(key, [key[:16]])[0], "origins": origins.get(key, ""),
-                     "launches": launches, "variant": r["variant"],
+                     "launches": launches, "variant": _variant_text(r),
                      "config": r["config"], "seconds": seconds, "gain": r["gain"], "tuned": r["tuned"]})
     total = sum((row["seconds"] or 0) * row["launches"] for row in rows)
     for row in rows:

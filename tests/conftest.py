@@ -85,3 +85,15 @@ def kiln(args: list[str], cache_dir: Path, cwd: Path | None = None,
     if check and proc.returncode != 0:
         raise AssertionError(f"kiln {args} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """gpu-marked tests skip, with a reason, where no GPU is visible."""
+    from pipeline.envfacts import gpu_visible
+
+    if gpu_visible():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (make test-gpu on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

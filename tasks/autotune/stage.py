@@ -27,6 +27,10 @@ REPEAT = 10
 
 
 def run(job: StageJob) -> Mapping[str, Any]:
+    if job.env["target"] == "cuda":
+        from tasks.autotune import cuda
+
+        return cuda.run(job)
     kernels_json = job.input("gen-tuning-code/kernels.json")
     spec = json.loads(kernels_json.read_text())
     folder = kernels_json.parent / spec["folder"]

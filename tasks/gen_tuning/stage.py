@@ -13,7 +13,12 @@ from tasks.schedule import model
 
 def run(job: StageJob) -> Mapping[str, Any]:
     schedule = model.schedule_from(json.loads(job.input("schedule/schedule.json").read_bytes()))
-    spec = cpu.write(schedule, job.out_dir, job.env["isa"])
+    if job.env["target"] == "cuda":
+        from tasks.gen_tuning import cuda  # triton, only for this target
+
+        spec = cuda.write(schedule, job.out_dir)
+    else:
+        spec = cpu.write(schedule, job.out_dir, job.env["isa"])
     variants = sum(len(k["variants"]) for k in spec["kernels"])
     return {"kernels": len(spec["kernels"]), "variants": variants,
             "summary": f"{len(spec['kernels'])} distinct kernels, {variants} variants"}

@@ -1,0 +1,159 @@
+"""The autotune stage for the cuda target: kernels.json -> tuning.json, timings.json, cubins/.
+
+With a GPU, every kernel missing from the per-kernel cache is tuned by tune.py's workers (one
+per visible GPU) and its winner's cubin kept. Without one, each kernel's default candidate is
+compiled for the configured arch and marked untuned: a cross-compile, and what CI checks.
+
+Note: a kernel's cache item is keyed by its module's source, its candidates, the GPU's model
+(or "none" and the arch), and the triton and torch versions, so a one-layer edit re-tunes only
+the kernels whose source changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from cache.hashing import digest_file, digest_json, pretty_json
+from pipeline.errors import KilnError
+from pipeline.job import StageJob
+from tasks.tune import cuda_tune
+
+CUBINS = "cubins"  # <key16>.cubin and <key16>.json (kernel name, warps, shared memory, scratch)
+
+
+def run(job: StageJob) -> Mapping[str, Any]:
+    kernels_json = job.input("gen-tuning-code/kernels.json")
+    spec = json.loads(kernels_json.read_text())
+    folder = kernels_json.parent / spec["folder"]
+    gpu = job.env.get("gpu", "none")
+    tuner = digest_file(Path(cuda_tune.__file__))
+    items = job.items()
+    parts = {e["key"]: _item_parts(e, folder, spec["arch"], job.env, tuner) for e in spec["kernels"]}
+    missing = [e for e in spec["kernels"] if items.lookup(parts[e["key"]]) is None]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        made = Path(tmp)
+        if gpu != "none":
+            fresh = _tune(kernels_json, missing, made)
+        else:
+            fresh = _cross_compile(spec, missing, folder, made)
+        records, used, hits = _store(spec, parts, fresh, made, items, job.out_dir / CUBINS)
+    seconds = time.perf_counter() - started
+    decisions = {key: {k: r.get(k) for k in ("variant", "function", "config", "tuned")}
+                 | {"cubin": digest_file(job.out_dir / CUBINS / f"{key[:16]}.cubin")}
+                 for key, r in records.items()}
+    (job.out_dir / "tuning.json").write_text(pretty_json(decisions))
+    (job.out_dir / "timings.json").write_text(pretty_json(records))
+    untuned = sum(not r.get("tuned") for r in records.values())
+    peak = max((r.get("peak_bytes", 0) for r in records.values()), default=0)
+    note = (f"{len(records)} kernels: {len(records) - hits - untuned} tuned, {hits} cached, {untuned} untuned"
+            + ("" if gpu != "none" else f" (no GPU: default candidates for sm_{spec['arch']})"))
+    return {"kernels": len(records), "cached": hits, "untuned": untuned, "tuning_seconds": round(seconds, 3),
+            "peak_gpu_bytes": peak, "items": used, "summary": note}
+
+
+def _tune(kernels_json: Path, missing: list[dict[str, Any]], made: Path) -> dict[str, Any]:
+    if not missing:
+        return {}
+    records = cuda_tune.tune_all(kernels_json, [e["key"] for e in missing], made, _gpu_count())
+    for r in records.values():
+        if not (made / f"{r['key'][:16]}.cubin").is_file():
+            name = next(e["kernel"] for e in missing if e["key"] == r["key"])
+            raise KilnError(f"kernel {name}: no candidate runs on this GPU ({r.get('errors')})",
+                            "this is a bug in kiln's Triton code generation; please report it")
+    return records
+
+
+def _gpu_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return len([d for d in visible.split(",") if d.strip()])
+    return max(1, len(list(Path("/proc/driver/nvidia/gpus").glob("*"))))
+
+
+def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: Path,
+                   made: Path) -> dict[str, Any]:
+    """Each kernel's default variant and config, compiled for the arch (in parallel processes:
+    triton's compiler holds the GIL)."""
+
+    def one(entry: dict[str, Any]) -> dict[str, Any]:
+        variant = entry["variants"][0]
+        config = variant["configs"][0]
+        job = json.dumps({"entry": entry, "folder": str(folder), "function": variant["function"],
+                          "config": config, "arch": spec["arch"], "stem": str(made / entry["key"][:16])})
+        env = dict(os.environ, TRITON_DISABLE_LINE_INFO="1")
+        env.pop("TRITON_INTERPRET", None)
+        proc = subprocess.run([sys.executable, "-c", _COMPILE_ONE, job], capture_output=True, text=True,
+                              env=env, check=False)
+        if proc.returncode != 0:
+            raise KilnError(f"kernel {entry['kernel']}: its default candidate does not compile for "
+                            f"sm_{spec['arch']}:\n{proc.stderr[-2000:]}",
+                            "this is a bug in kiln's Triton code generation; please report it")
+        return {"key": entry["key"], "label": f"{variant['name']}:0", "variant": variant["name"],
+                "function": variant["function"], "config": config, "default": f"{variant['name']}:0",
+                "timings": {}, "errors": {}, "gain": None, "tuned": False}
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return {r["key"]: r for r in pool.map(one, missing)}
+
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+_COMPILE_ONE = f"""
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {_ROOT!r})
+from tasks.tune import cuda_tune
+job = json.loads(sys.argv[1])
+cuda_tune.compile_cubin(job["entry"], Path(job["folder"]), job["function"], job["config"], job["arch"],
+                        Path(job["stem"]))
+"""
+
+
+def _store(spec: dict[str, Any], parts: dict[str, dict[str, str]], fresh: dict[str, Any], made: Path,
+           items: Any, cubins: Path) -> tuple[dict[str, Any], list[str], int]:
+    """Every kernel's record and cubin: fresh ones into the cache, all into cubins/."""
+    cubins.mkdir()
+    records: dict[str, Any] = {}
+    used: list[str] = []
+    hits = 0
+    for entry in spec["kernels"]:
+        key = entry["key"]
+
+        def compute(out: Path, key: str = key) -> dict[str, Any]:
+            for suffix in (".cubin", ".json"):
+                shutil.copyfile(made / f"{key[:16]}{suffix}", out / f"kernel{suffix}")
+            (out / "record.json").write_text(pretty_json(fresh[key]))
+            return {"tuned": fresh[key].get("tuned", False)}
+
+        item, hit = items.get_or_compute(parts[key], compute)
+        hits += hit
+        used.append(f"{item.stage}/{item.key}")
+        record = json.loads(item.file("record.json").read_text())
+        functions = {v["name"]: v["function"] for v in entry["variants"]}
+        records[key] = record | {"function": functions.get(record.get("variant"), record.get("function"))}
+        for suffix in (".cubin", ".json"):
+            shutil.copyfile(item.file(f"kernel{suffix}"), cubins / f"{key[:16]}{suffix}")
+    return records, used, hits
+
+
+def _item_parts(entry: dict[str, Any], folder: Path, arch: int, env: Mapping[str, str],
+                tuner: str) -> dict[str, str]:
+    gpu = env.get("gpu", "none")
+    # Note: the kernel's name (k12_...) says where it sits in this model, so it is left out: the
+    # same kernel one layer further down is the same cache item.
+    source = (folder / entry["file"]).read_text().replace(entry["kernel"], "KERNEL")
+    candidates = [[v["name"], v["configs"]] for v in entry["variants"]]
+    return {"kernel": entry["key"], "source": digest_json(source),
+            "candidates": digest_json(candidates), "params": digest_json(entry["params"]),
+            "gpu": gpu if gpu != "none" else f"none/sm_{arch}", "triton": env.get("triton", ""),
+            "torch": env.get("torch", ""), "tuner": tuner}

@@ -1,0 +1,72 @@
+"""The cuda target's tuning code: one Triton module per distinct kernel, and kernels.json.
+
+Each module holds every variant of its kernel (`<name>_persistent`, `<name>_looped`, ...),
+all with the same argument list, and its candidate configs as data; kernels.json says how to
+make each kernel's inputs (shapes, strides, dtypes, index bounds) and how to launch it, so
+tune.py can tune any kernel by itself, on random inputs, without the model.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from cache.hashing import pretty_json
+from tasks.codegen.inputs import index_bounds
+from tasks.codegen.triton_kernel import (
+    TritonVariant,
+    configs,
+    kernel_name,
+    signature,
+    triton_source,
+    triton_variants,
+)
+from tasks.ir.serialize import buffer_json
+from tasks.schedule.model import Kernel, Schedule
+
+TUNER = Path(__file__).resolve().parents[1] / "tune" / "cuda_tune.py"
+DEFAULT_ARCH = 90  # sm_90: the arch cubins are built for when no GPU is visible
+
+
+def function_for(name: str, variant: TritonVariant) -> str:
+    return f"{name}_{variant.kind}"
+
+
+def write(schedule: Schedule, out: Path) -> dict[str, Any]:
+    folder = out / "kernels"
+    folder.mkdir(parents=True, exist_ok=True)
+    by_key: dict[str, list[Kernel]] = {}
+    for k in schedule.kernels:
+        by_key.setdefault(k.key, []).append(k)
+    entries = [_entry(group, folder) for group in by_key.values()]
+    spec = {"target": "cuda", "folder": "kernels", "arch": DEFAULT_ARCH, "kernels": entries}
+    (out / "kernels.json").write_text(pretty_json(spec))
+    shutil.copyfile(TUNER, out / "tune.py")
+    return spec
+
+
+def module_source(k: Kernel, name: str, variants: list[TritonVariant]) -> str:
+    """One file per kernel: each variant's function, then its candidate configs."""
+    parts = [triton_source(k, v, function_for(name, v)) for v in variants]
+    text = "\n\n".join(part.rstrip("\n") for part in parts)
+    table = {function_for(name, v): configs(k, v) for v in variants}
+    return f"{text}\n\n\nCONFIGS = {table!r}\n"
+
+
+def _entry(group: list[Kernel], folder: Path) -> dict[str, Any]:
+    k = group[0]
+    name = kernel_name(k)
+    variants = triton_variants(k)
+    rel = f"{k.key[:16]}.py"
+    (folder / rel).write_text(module_source(k, name, variants))
+    bounds = index_bounds(k)
+    params = [buffer_json(p.spec) | {"role": p.role, "bound": bounds.get(p.name)} for p in k.params]
+    return {
+        "key": k.key, "names": [g.name for g in group], "origins": list(k.origins[:3]), "kernel": name,
+        "file": rel, "params": params, "signature": signature(k),
+        "xnumel": math.prod(k.ranges), "rnumel": math.prod(k.reduce_ranges) if k.reduce_ranges else 1,
+        "variants": [{"name": v.kind, "function": function_for(name, v), "configs": configs(k, v)}
+                     for v in variants],
+    }

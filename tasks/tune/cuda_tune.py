@@ -1,0 +1,280 @@
+"""Standalone GPU tuner for kiln's Triton kernels (copied as tune.py beside kernels.json).
+
+    python tune.py [--kernels NAME,NAME] [--out tuning.json] [--cubins DIR]
+
+For each kernel in kernels.json, in a worker process per visible GPU: make random inputs with
+the kernel's exact shapes, strides and dtypes (integers read as indices stay in range) for that
+kernel only, run every variant in every candidate config, reject any whose outputs differ from
+the default's, time the rest and keep the fastest; free the inputs before the next kernel, so
+peak memory is the largest single kernel's working set. A candidate that fails to compile, runs
+out of resources or crashes scores infinity; a crash of the worker itself costs only that
+kernel. It never runs the model. This file imports nothing from kiln.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+_TORCH_DTYPES = {"b8": "bool", "u8": "uint8", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64",
+                 "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
+_TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2}
+_WORKER_TIMEOUT_S = 600
+
+
+def load_module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"kiln_kernel_{path.stem}", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def random_inputs(params: list[dict[str, Any]], device: str, seed: int = 0) -> list[Any]:
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    out = []
+    for p in params:
+        dtype = getattr(torch, _TORCH_DTYPES[p["dtype"]])
+        t = torch.empty_strided(p["shape"], p["stride"], dtype=dtype, device=device)
+        if dtype.is_floating_point:
+            t.copy_(torch.randn(t.shape, generator=gen))
+        elif dtype == torch.bool:
+            t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())
+        else:
+            t.copy_(torch.randint(0, p.get("bound") or 5, t.shape, generator=gen))
+        out.append(t)
+    return out
+
+
+def grid_of(entry: dict[str, Any], config: dict[str, int]) -> tuple[int, int, int]:
+    return (math.ceil(entry["xnumel"] / config["XBLOCK"]), 1, 1)
+
+
+def launch(fn: Any, entry: dict[str, Any], tensors: list[Any], config: dict[str, int]) -> Any:
+    """Runs one candidate; returns triton's compiled kernel (for its cubin and metadata)."""
+    return fn[grid_of(entry, config)](*tensors, entry["xnumel"], entry["rnumel"], XBLOCK=config["XBLOCK"],
+                                      RBLOCK=config["RBLOCK"], num_warps=config["num_warps"],
+                                      num_stages=config["num_stages"])
+
+
+def agrees(got: list[Any], want: list[Any]) -> bool:
+    import torch
+
+    for a, b in zip(got, want, strict=True):
+        tol = _TOLERANCE.get(str(a.dtype).removeprefix("torch."), 1e-4)
+        if not torch.allclose(a.double() if a.is_floating_point() else a.long(),
+                              b.double() if b.is_floating_point() else b.long(), rtol=tol, atol=tol,
+                              equal_nan=True):
+            return False
+    return True
+
+
+def candidates(entry: dict[str, Any]) -> list[tuple[str, str, dict[str, int]]]:
+    """(label, function, config) for every variant and config; the default is first."""
+    return [(f"{v['name']}:{i}", v["function"], c)
+            for v in entry["variants"] for i, c in enumerate(v["configs"])]
+
+
+def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dict[str, Any]:
+    """Every candidate of one kernel on this process's GPU; the record of the winner."""
+    import torch
+
+    module = load_module(folder / entry["file"])
+    outputs = [i for i, p in enumerate(entry["params"]) if p["role"] != "in"]
+    torch.cuda.reset_peak_memory_stats()
+    base = random_inputs(entry["params"], "cuda")
+    inputs_bytes = sum(t.untyped_storage().nbytes() for t in base)
+    timings: dict[str, float | None] = {}
+    errors: dict[str, str] = {}
+    reference: list[Any] | None = None
+    compiled: dict[str, Any] = {}
+    roles = [p["role"] for p in entry["params"]]
+    base = [None if role == "out" else t for t, role in zip(base, roles, strict=True)]
+    tensors: list[Any] = []
+    for label, function, config in candidates(entry):
+        tensors = []  # the last candidate's outputs go before this one's are made
+        # Note: inputs are shared, outputs fresh per candidate, and the reference outputs wait
+        # on the host: device memory stays at one kernel's inputs and outputs.
+        tensors = [_fresh(p) if role == "out" else (t.clone() if role == "inout" else t)
+                   for t, p, role in zip(base, entry["params"], roles, strict=True)]
+        try:
+            compiled[label] = launch(getattr(module, function), entry, tensors, config)
+            torch.cuda.synchronize()
+        except Exception as err:  # out of resources, a compile error: this candidate only
+            timings[label], errors[label] = None, f"{type(err).__name__}: {str(err)[:300]}"
+            continue
+        result = [tensors[i].cpu() for i in outputs]
+        if reference is None:
+            reference = result
+        elif not agrees(result, reference):
+            timings[label], errors[label] = None, "outputs differ from the default candidate's"
+            continue
+        timings[label] = _seconds(getattr(module, function), entry, tensors, config)
+    record = _record(entry, timings, errors)
+    record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
+               "gpu": torch.cuda.get_device_name()}
+    if cubins is not None and record["label"] in compiled:
+        save_cubin(compiled[record["label"]], cubins / f"{entry['key'][:16]}")
+    del base, tensors
+    torch.cuda.empty_cache()
+    return record
+
+
+def _fresh(param: dict[str, Any]) -> Any:
+    import torch
+
+    dtype = getattr(torch, _TORCH_DTYPES[param["dtype"]])
+    return torch.empty_strided(param["shape"], param["stride"], dtype=dtype, device="cuda")
+
+
+def _seconds(fn: Any, entry: dict[str, Any], tensors: list[Any], config: dict[str, int],
+             repeat: int = 50) -> float:
+    """Median seconds of one launch, by CUDA events (no cache-flush buffer: tuning's peak memory
+    stays the kernel's own working set)."""
+    import statistics
+
+    import torch
+
+    for _ in range(5):
+        launch(fn, entry, tensors, config)
+    times = []
+    for _ in range(repeat):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        launch(fn, entry, tensors, config)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return float(statistics.median(times))
+
+
+def _record(entry: dict[str, Any], timings: dict[str, float | None],
+            errors: dict[str, str]) -> dict[str, Any]:
+    labels = [label for label, _, _ in candidates(entry)]
+    default = labels[0]
+    scored = {label: timings.get(label) or math.inf for label in labels}
+    best = min(labels, key=lambda label: (scored[label], label != default))
+    _, function, config = next(c for c in candidates(entry) if c[0] == best)
+    variant = best.split(":")[0]
+    gain = scored[default] / scored[best] if scored[best] not in (0, math.inf) else None
+    return {"key": entry["key"], "label": best, "variant": variant, "function": function, "config": config,
+            "default": default, "timings": timings, "errors": errors, "gain": gain,
+            "tuned": scored[best] != math.inf}
+
+
+def save_cubin(kernel: Any, stem: Path) -> None:
+    """A compiled kernel's cubin and the launch facts the wrapper needs."""
+    meta = kernel.metadata
+    stem.with_suffix(".cubin").write_bytes(kernel.asm["cubin"])
+    facts = {"name": meta.name, "num_warps": meta.num_warps, "shared": meta.shared,
+             "global_scratch_size": getattr(meta, "global_scratch_size", 0),
+             "profile_scratch_size": getattr(meta, "profile_scratch_size", 0)}
+    stem.with_suffix(".json").write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
+
+
+def compile_cubin(entry: dict[str, Any], folder: Path, function: str, config: dict[str, int], arch: int,
+                  stem: Path) -> None:
+    """One candidate compiled for an arch with no GPU needed (the untuned path)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    module = load_module(folder / entry["file"])
+    constexprs = {"XBLOCK": config["XBLOCK"], "RBLOCK": config["RBLOCK"]}
+    source = triton.compiler.ASTSource(fn=getattr(module, function), signature=entry["signature"],
+                                       constexprs=constexprs)
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    save_cubin(triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options), stem)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """Tunes the listed kernels in order, appending one JSON line per finished kernel."""
+    spec = json.loads(args.kernels.read_text())
+    folder = args.kernels.parent / spec["folder"]
+    entries = {e["key"]: e for e in spec["kernels"]}
+    with args.out.open("a") as out:
+        for key in args.worker.split(","):
+            out.write(json.dumps(tune_kernel(entries[key], folder, args.cubins), sort_keys=True) + "\n")
+            out.flush()
+    return 0
+
+
+def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int) -> dict[str, Any]:
+    """Tunes `keys` with one worker process per GPU. A worker that dies costs only the kernel
+    it was on (recorded as failed); a new worker takes the rest of its list."""
+    records: dict[str, Any] = {}
+    queues = [keys[g::max(1, gpus)] for g in range(max(1, gpus))]
+    with tempfile.TemporaryDirectory() as tmp:
+        while any(queues):
+            procs = []
+            for device, queue in enumerate(queues):
+                if not queue:
+                    continue
+                out = Path(tmp) / f"gpu{device}.jsonl"
+                out.write_text("")
+                env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(device))
+                cmd = [sys.executable, __file__, "--kernels", str(kernels), "--worker", ",".join(queue),
+                       "--out", str(out), *(["--cubins", str(cubins)] if cubins else [])]
+                procs.append((device, out, subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)))
+            for device, out, proc in procs:
+                try:
+                    _, err = proc.communicate(timeout=_WORKER_TIMEOUT_S * len(queues[device]))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    err = "timed out"
+                done = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+                records.update((r["key"], r) for r in done)
+                rest = queues[device][len(done):]
+                if rest:  # the worker stopped on rest[0]: that kernel fails, the others go on
+                    failed, rest = rest[0], rest[1:]
+                    why = (err or f"exit status {proc.returncode}")[-500:]
+                    records[failed] = {"key": failed, "tuned": False, "errors": {"worker": why}}
+                queues[device] = rest
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    here = Path(__file__).resolve().parent
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--kernels", type=Path, default=here / "kernels.json")
+    parser.add_argument("--only", help="comma-separated kernel names (k3,k7) to tune")
+    parser.add_argument("--out", type=Path, default=here / "tuning.json")
+    parser.add_argument("--cubins", type=Path, help="write each winner's cubin and launch facts here")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return _worker(args)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("tune.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    spec = json.loads(args.kernels.read_text())
+    only = set(args.only.split(",")) if args.only else None
+    keys = [e["key"] for e in spec["kernels"] if only is None or only & set(e["names"])]
+    if args.cubins:
+        args.cubins.mkdir(parents=True, exist_ok=True)
+    records = tune_all(args.kernels, keys, args.cubins, torch.cuda.device_count())
+    args.out.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+    for entry in spec["kernels"]:
+        r = records.get(entry["key"])
+        if r is not None:
+            gain = r.get("gain") or 0
+            print(f"{entry['kernel']:>32} {r.get('label', '-'):>14} gain {gain:.2f}x", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

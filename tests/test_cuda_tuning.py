@@ -1,0 +1,120 @@
+"""gen-tuning-code and autotune for the cuda target: the cross-compile without a GPU (what CI
+runs), the per-kernel cache, and tune.py on an H200 (gpu marker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.build import Cache, compile_model
+from pipeline.config import load_config
+from pipeline.envfacts import gpu_visible
+from pipeline.runner import BuildOptions
+
+pytest.importorskip("triton")
+
+
+def _statuses(result: object) -> dict[str, str]:
+    return {row.stage: row.status for row in result.rows}  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(gpu_visible(), reason="the no-GPU path; a GPU machine tunes instead")
+def test_without_a_gpu_each_kernel_is_cross_compiled_untuned(cache: Cache, tmp_path: Path) -> None:
+    result = compile_model(load_config("mlp"), BuildOptions("cuda", tmp_path / "mlp"), cache)
+    statuses = _statuses(result)
+    assert statuses["gen-tuning-code"] == "ran"
+    assert statuses["autotune"] == "ran"
+    tuned = result.entries["autotune"]
+    decisions = json.loads(tuned.file("tuning.json").read_text())
+    spec = json.loads(result.entries["gen-tuning-code"].file("kernels.json").read_text())
+    assert spec["target"] == "cuda"
+    assert set(decisions) == {k["key"] for k in spec["kernels"]}
+    for key, decision in decisions.items():
+        assert decision["tuned"] is False
+        cubin = tuned.file(f"cubins/{key[:16]}.cubin").read_bytes()
+        assert cubin[:4] == b"\x7fELF"
+        facts = json.loads(tuned.file(f"cubins/{key[:16]}.json").read_text())
+        assert facts["num_warps"] >= 1
+    report = json.loads((tmp_path / "mlp" / "report.json").read_text())
+    assert all("(untuned)" in row["variant"] for row in report["kernels"])
+
+
+@pytest.mark.skipif(gpu_visible(), reason="the no-GPU path")
+def test_a_new_layer_compiles_only_its_new_kernels(cache: Cache, tmp_path: Path) -> None:
+    config = load_config("mlp")
+    first = compile_model(config, BuildOptions("cuda", tmp_path / "a"), cache)
+    config.fields["model.kwargs"] = {**config.field("model.kwargs"), "layers": 5, "hidden": 96}
+    again = compile_model(config, BuildOptions("cuda", tmp_path / "b"), cache)
+    before = set(json.loads(first.entries["autotune"].file("tuning.json").read_text()))
+    after = set(json.loads(again.entries["autotune"].file("tuning.json").read_text()))
+    notes = next(row.note for row in again.rows if row.stage == "autotune")
+    assert f"{len(before & after)} cached" in notes
+    assert after - before, "a wider hidden layer makes new kernels"
+
+
+def test_tune_py_needs_a_gpu_and_says_so(cache: Cache, tmp_path: Path) -> None:
+    if gpu_visible():
+        pytest.skip("this machine has a GPU")
+    result = compile_model(load_config("mlp"), BuildOptions("cuda", tmp_path / "mlp"), cache)
+    tune = result.entries["gen-tuning-code"].file("tune.py")
+    proc = subprocess.run([sys.executable, str(tune)], capture_output=True, text=True, check=False,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 2
+    assert "needs a CUDA GPU" in proc.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_tune_py_tunes_every_kernel_on_the_gpu(name: str, cache: Cache, tmp_path: Path) -> None:
+    result = compile_model(load_config(name), BuildOptions("cuda", tmp_path / name), cache)
+    records = json.loads(result.entries["autotune"].file("timings.json").read_text())
+    assert records
+    assert all(r["tuned"] for r in records.values())
+    for r in records.values():  # peak memory: one kernel's inputs at a time
+        assert r["peak_bytes"] <= 1.2 * r["inputs_bytes"] + (1 << 20), r
+
+
+@pytest.mark.gpu
+def test_a_new_layer_tunes_only_its_new_kernels_on_the_gpu(cache: Cache, tmp_path: Path) -> None:
+    config = load_config("mlp")
+    first = compile_model(config, BuildOptions("cuda", tmp_path / "a"), cache)
+    config.fields["model.kwargs"] = {**config.field("model.kwargs"), "layers": 5, "hidden": 96}
+    again = compile_model(config, BuildOptions("cuda", tmp_path / "b"), cache)
+    before = set(json.loads(first.entries["autotune"].file("tuning.json").read_text()))
+    after = json.loads(again.entries["autotune"].file("timings.json").read_text())
+    notes = next(row.note for row in again.rows if row.stage == "autotune")
+    assert f"{len(after) - len(before & set(after))} tuned, {len(before & set(after))} cached" in notes
+
+
+@pytest.mark.gpu
+def test_the_faster_reduction_variant_wins(cache: Cache, tmp_path: Path) -> None:
+    """For each reduction whose persistent and looped variants differ by more than 5% (timed
+    again here, directly), the one tuning chose is the faster."""
+    from tasks.tune import cuda_tune
+
+    result = compile_model(load_config("bert"), BuildOptions("cuda", tmp_path / "bert"), cache)
+    records = json.loads(result.entries["autotune"].file("timings.json").read_text())
+    kernels_json = result.entries["gen-tuning-code"].file("kernels.json")
+    spec = json.loads(kernels_json.read_text())
+    checked = 0
+    for entry in spec["kernels"]:
+        if len(entry["variants"]) < 2:
+            continue
+        module = cuda_tune.load_module(kernels_json.parent / spec["folder"] / entry["file"])
+        inputs = cuda_tune.random_inputs(entry["params"], "cuda")
+        tensors = [cuda_tune._fresh(p) if p["role"] == "out" else t
+                   for p, t in zip(entry["params"], inputs, strict=True)]
+        best = {}
+        for variant in entry["variants"]:
+            fn = getattr(module, variant["function"])
+            best[variant["name"]] = min(cuda_tune._seconds(fn, entry, tensors, c) for c in variant["configs"])
+        fast, slow = sorted(best, key=lambda name: best[name])
+        if best[slow] > 1.05 * best[fast] * 1.05:  # a clear difference, beyond timing noise
+            assert records[entry["key"]]["variant"] == fast, (entry["kernel"], best, records[entry["key"]])
+            checked += 1
+    print(f"checked {checked} reductions with a clear winner")

@@ -51,9 +51,9 @@ def test_one_layer_edit_retunes_only_its_kernels(project: Path, tmp_path: Path) 
     assert rows["autotune"]["note"] == "3 kernels tuned (2 cached)"
 
 
-def test_cuda_tuning_is_reported_as_not_built_yet(project: Path, tmp_path: Path) -> None:
+def test_the_cuda_wrapper_is_reported_as_not_built_yet(project: Path, tmp_path: Path) -> None:
     kiln(["compile", "toy", "--target", "cuda"], tmp_path / "cache", cwd=project)
     rows = _rows(project)
-    assert rows["schedule"]["status"] == "ran"
-    assert rows["gen-tuning-code"]["status"] == "not built"
-    assert "issue #5" in rows["gen-tuning-code"]["note"]
+    assert rows["autotune"]["status"] == "ran"
+    assert rows["gen-cpp"]["status"] == "not built"
+    assert "issue #6" in rows["gen-cpp"]["note"]

@@ -56,8 +56,11 @@ def run(job: StageJob) -> Mapping[str, Any]:
     (job.out_dir / "timings.json").write_text(pretty_json(records))
     untuned = sum(not r.get("tuned") for r in records.values())
     peak = max((r.get("peak_bytes", 0) for r in records.values()), default=0)
-    note = (f"{len(records)} kernels: {len(records) - hits - untuned} tuned, {hits} cached, {untuned} untuned"
-            + ("" if gpu != "none" else f" (no GPU: default candidates for sm_{spec['arch']})"))
+    note = f"{len(records)} kernels: {len(records) - hits - untuned} tuned, {hits} cached, {untuned} untuned"
+    if gpu == "none":
+        note += f" (no GPU: default candidates for sm_{spec['arch']})"
+    elif len(records) > hits:
+        note += f"; tuning {seconds:.1f} s, peak {peak / 2**20:.1f} MB on {gpu}"
     return {"kernels": len(records), "cached": hits, "untuned": untuned, "tuning_seconds": round(seconds, 3),
             "peak_gpu_bytes": peak, "items": used, "summary": note}
 

@@ -78,7 +78,7 @@ def _bandwidth(kernels_json: Path, records: dict[str, Any]) -> list[dict[str, An
         inputs = cuda_tune.random_inputs(entry["params"], "cuda")
         nbytes = sum(_touched(entry, t) for t in inputs)
         seconds = cuda_tune._seconds(getattr(module, record["function"]), entry, inputs, record["config"])
-        copy = _copy_seconds(nbytes // 2 * 2)  # a copy reads and writes: the same bytes moved
+        copy = _copy_seconds(nbytes // 2)  # a copy of n/2 bytes reads n/2 and writes n/2: n moved
         rows.append({"kernel": entry["kernel"], "origins": origins, "bytes": nbytes,
                      "gb_per_s": nbytes / seconds / 1e9, "copy_gb_per_s": nbytes / copy / 1e9,
                      "fraction_of_copy": copy / seconds})

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,6 +27,8 @@ from pipeline.envfacts import env_fact
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
 from pipeline.stages import Stage
+
+Progress = Callable[[int, int, str], None]  # done, total, what: a long stage's progress
 
 if TYPE_CHECKING:  # avoids an import cycle
     from pipeline.runner import BuildOptions
@@ -69,12 +71,13 @@ def execute_stage(
     inputs: dict[str, str],
     folder: Path,
     store: Store,
+    on_progress: Progress | None = None,
 ) -> Outcome:
     job = make_job(stage, config, options, inputs, folder, store)
     if options.in_process or options.live is not None:
         notes = dict(load_entry(job.entry)(job))
         return Outcome(notes, peak_rss_self())
-    return _in_worker(stage, job, folder)
+    return _in_worker(stage, job, folder, on_progress)
 
 
 def load_entry(entry: str) -> StageFn:
@@ -86,30 +89,45 @@ def peak_rss_self() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _in_worker(stage: Stage, job: StageJob, folder: Path) -> Outcome:
+def _in_worker(stage: Stage, job: StageJob, folder: Path, on_progress: Progress | None) -> Outcome:
     control = folder.parent / f"{folder.name}.job"
     control.mkdir()
     try:
+        job = replace(job, progress_file=str(control / "progress.json"))
         (control / "job.json").write_text(job.to_json())
-        _spawn(control)
+        _spawn(control, on_progress)
         return _read_result(stage, control)
     finally:
         shutil.rmtree(control, ignore_errors=True)
 
 
-def _spawn(control: Path) -> None:
+def _spawn(control: Path, on_progress: Progress | None) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "pipeline.worker", str(control)]
     with (control / "log.txt").open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            proc.wait()
+            while proc.poll() is None:
+                try:
+                    proc.wait(timeout=0.25)
+                except subprocess.TimeoutExpired:
+                    _relay_progress(control / "progress.json", on_progress)
         except BaseException:
             # Ctrl-C or a kill of the runner: take the worker down with us.
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             raise
+
+
+def _relay_progress(path: Path, on_progress: Progress | None) -> None:
+    if on_progress is None or not path.is_file():
+        return
+    try:
+        done, total, what = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    on_progress(int(done), int(total), str(what))
 
 
 def _read_result(stage: Stage, control: Path) -> Outcome:

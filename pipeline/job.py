@@ -26,6 +26,8 @@ class StageJob:
     entry: str  # "module:function" that runs the stage
     # An in-memory model handed to pipeline.compile(); never serialized. Only trace reads it.
     live: Any = field(default=None, compare=False)
+    # Where a stage in a worker process reports progress for the live display ("" in process).
+    progress_file: str = field(default="", compare=False)
 
     def input(self, ref: str) -> Path:
         return Path(self.inputs[ref])
@@ -37,6 +39,16 @@ class StageJob:
     def items(self) -> ItemCache:
         """Per-item cache for fan-out work inside the stage (one entry per kernel, say)."""
         return ItemCache(Store(Path(self.store_root)), self.stage)
+
+    def progress(self, done: int, total: int, what: str) -> None:
+        """Tell the live display how far a long stage is ("12/40 kernels tuned"); never an input,
+        never in an artifact. Written whole, then renamed, so a reader never sees half a line."""
+        if not self.progress_file:
+            return
+        path = Path(self.progress_file)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([done, total, what]))
+        tmp.replace(path)
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -6,7 +6,7 @@ from types import TracebackType
 from typing import Protocol
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 
 class Display(Protocol):
@@ -15,6 +15,8 @@ class Display(Protocol):
     def finished(self, stage: str, status: str, seconds: float) -> None: ...
 
     def waiting(self, stage: str) -> None: ...
+
+    def progress(self, stage: str, done: int, total: int, what: str) -> None: ...
 
     def warn(self, message: str) -> None: ...
 
@@ -31,6 +33,9 @@ class QuietDisplay:
     def finished(self, stage: str, status: str, seconds: float) -> None:
         pass
 
+    def progress(self, stage: str, done: int, total: int, what: str) -> None:
+        pass
+
     def waiting(self, stage: str) -> None:
         self.console.print(f"[yellow]{stage}: another compile holds this key; waiting[/]")
 
@@ -43,9 +48,10 @@ class LiveDisplay(QuietDisplay):
 
     def __init__(self, console: Console | None = None) -> None:
         super().__init__(console)
-        self.progress = Progress(
+        self.bars = Progress(
             SpinnerColumn(),
             TextColumn("[bold]{task.description}"),
+            BarColumn(bar_width=24),
             TimeElapsedColumn(),
             console=self.console,
             transient=True,
@@ -53,7 +59,7 @@ class LiveDisplay(QuietDisplay):
         self.tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> LiveDisplay:
-        self.progress.start()
+        self.bars.start()
         return self
 
     def __exit__(
@@ -62,14 +68,21 @@ class LiveDisplay(QuietDisplay):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.progress.stop()
+        self.bars.stop()
 
     def started(self, stage: str) -> None:
-        self.tasks[stage] = self.progress.add_task(f"{stage}: running", total=None)
+        self.tasks[stage] = self.bars.add_task(f"{stage}: running", total=None)
+
+    def progress(self, stage: str, done: int, total: int, what: str) -> None:
+        """A long stage's count (autotune: kernels tuned of those to tune) fills its bar."""
+        task = self.tasks.get(stage)
+        if task is not None:
+            self.bars.update(task, description=f"{stage}: {done}/{total} {what}", completed=done,
+                                 total=total)
 
     def finished(self, stage: str, status: str, seconds: float) -> None:
         task = self.tasks.pop(stage, None)
         if task is not None:
-            self.progress.remove_task(task)
+            self.bars.remove_task(task)
         if status == "ran":
-            self.progress.console.print(f"  [green]✓[/] {stage} ran in {seconds:.2f} s")
+            self.bars.console.print(f"  [green]✓[/] {stage} ran in {seconds:.2f} s")

@@ -182,7 +182,10 @@ class Runner:
             inputs[ref] = str(entry.file(name))
         with self.store.staging(stage.name, key) as folder:
             t0 = time.perf_counter()
-            outcome = execute_stage(stage, self.config, self.options, inputs, folder, self.store)
+            def progress(done: int, total: int, what: str) -> None:
+                self.display.progress(stage.name, done, total, what)
+
+            outcome = execute_stage(stage, self.config, self.options, inputs, folder, self.store, progress)
             seconds = time.perf_counter() - t0
             dyn = dynamic_keys(stage)
             if dyn is not None:

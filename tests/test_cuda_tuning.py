@@ -69,8 +69,9 @@ def test_tune_py_needs_a_gpu_and_says_so(cache: Cache, tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["bert", "gpt2"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "resnet18"])
 def test_tune_py_tunes_every_kernel_on_the_gpu(name: str, cache: Cache, tmp_path: Path) -> None:
+    pytest.importorskip("torchvision" if name == "resnet18" else "transformers")
     result = compile_model(load_config(name), BuildOptions("cuda", tmp_path / name), cache)
     records = json.loads(result.entries["autotune"].file("timings.json").read_text())
     assert records
@@ -112,9 +113,28 @@ def test_the_faster_reduction_variant_wins(cache: Cache, tmp_path: Path) -> None
         best = {}
         for variant in entry["variants"]:
             fn = getattr(module, variant["function"])
-            best[variant["name"]] = min(cuda_tune._seconds(fn, entry, tensors, c) for c in variant["configs"])
+            best[variant["name"]] = min(cuda_tune.seconds(fn, entry, variant, tensors, c)
+                                        for c in variant["configs"])
         fast, slow = sorted(best, key=lambda name: best[name])
         if best[slow] > 1.05 * best[fast] * 1.05:  # a clear difference, beyond timing noise
             assert records[entry["key"]]["variant"] == fast, (entry["kernel"], best, records[entry["key"]])
             checked += 1
     print(f"checked {checked} reductions with a clear winner")
+
+
+@pytest.mark.gpu
+def test_tune_py_by_hand_tunes_the_kernels_named(cache: Cache, tmp_path: Path) -> None:
+    """The generated tune.py run as a person would: `python tune.py --kernels k0 --out ...`."""
+    result = compile_model(load_config("mlp"), BuildOptions("cuda", tmp_path / "mlp"), cache)
+    folder = result.entries["gen-tuning-code"].path
+    spec = json.loads((folder / "kernels.json").read_text())
+    first = spec["kernels"][0]
+    out = tmp_path / "tuning.json"
+    proc = subprocess.run([sys.executable, str(folder / "tune.py"), "--kernels", first["names"][0],
+                           "--out", str(out), "--cubins", str(tmp_path / "cubins")],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads(out.read_text())
+    assert list(records) == [first["key"]]
+    assert records[first["key"]]["tuned"]
+    assert (tmp_path / "cubins" / f"{first['key'][:16]}.cubin").stat().st_size > 0

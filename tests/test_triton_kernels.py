@@ -1,5 +1,6 @@
 """Generated Triton kernels against the schedule interpreter (TRITON_INTERPRET=1, on CPU), their
-golden sources, and an sm_90 compile of every reference model's kernels (no GPU needed)."""
+golden sources, and an sm_90 compile of every reference model's kernels (no GPU needed); on a GPU
+(gpu marker), every variant and config compiled and run there against the interpreter too."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ from tasks.codegen.triton_kernel import (
 )
 from tasks.schedule.model import Kernel
 from tests.schedule_harness import compile_fn
-from tests.triton_kernel_harness import Job, check_interpreted, compile_sm90, jobs_for
+from tests.triton_kernel_harness import (
+    Job,
+    check_interpreted,
+    check_kernel,
+    compile_sm90,
+    jobs_for,
+)
 
 pytest.importorskip("triton")
 
@@ -40,6 +47,7 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     "softmax": (lambda x: torch.softmax(x, -1), (X,)),
     "bias_gelu": (lambda x, b: F.gelu(x + b), (X, B)),
     "transpose_add": (lambda x, y: x.t() + y, (X, X.t().contiguous())),
+    "permute_3d": (lambda x: x.permute(0, 2, 1) * 2 + 1, (torch.randn(3, 20, 17),)),
     "argmax_nan": (lambda x: (x.argmax(-1), x.argmin(0), x.amax(-1)), (NAN_X,)),
     "welford_large_r": (lambda x: (x.var(1), x.mean(1)), (WIDE,)),
     "scatter_add": (lambda x, i: torch.zeros(8, 3).scatter_add(0, i, x[:5, :3]), (X, IDX)),
@@ -97,7 +105,13 @@ def test_variants_and_configs_follow_the_kernel_kind() -> None:
     persistent = configs(ln, TritonVariant("persistent"))
     assert all(c["RBLOCK"] == 64 for c in persistent)
     assert 2 <= len(persistent) <= 6
-    assert grid(ln, {"XBLOCK": 4, "RBLOCK": 64, "num_warps": 4, "num_stages": 1}) == (2, 1, 1)
+    config = {"XBLOCK": 4, "RBLOCK": 64, "num_warps": 4, "num_stages": 1}
+    assert grid(ln, TritonVariant("persistent"), config) == (2, 1, 1)
+    (tr,) = _pattern_kernels("transpose_add")  # out[33, 8] = in0[8, 33].t() + in1
+    assert triton_variants(tr) == [TritonVariant("tiled", 1), TritonVariant("pointwise")]
+    assert grid(tr, TritonVariant("tiled", 1), {**config, "XBLOCK": 16, "RBLOCK": 8}) == (3, 1, 1)
+    (pm,) = _pattern_kernels("permute_3d")  # out[3, 17, 20] = in0[3, 20, 17].permute(0, 2, 1)
+    assert triton_variants(pm)[0] == TritonVariant("tiled", 2)
     wide = _pattern_kernels("welford_large_r")
     assert all(triton_variants(k) == [TritonVariant("looped")] for k in wide)
     assert signature(ln) == {"in0": "*fp32", "out0": "*fp32", "xnumel": "i32", "rnumel": "i32",
@@ -160,13 +174,30 @@ def test_every_kernel_of_a_reference_model_matches_interpreted(name: str) -> Non
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["patterns", *REFERENCE_MODELS])
+def test_every_kernel_matches_the_interpreter_compiled_on_the_gpu(name: str) -> None:
+    """What the interpreter checks above (each variant at two configs), compiled with the real
+    libdevice and run on the GPU; tuning compares every other config with the default."""
+    patterns = [k for p in PATTERNS for k in _pattern_kernels(p)]
+    kernels = patterns if name == "patterns" else _model_kernels(name)
+    failures = []
+    for job in [j for k in kernels for j in jobs_for(k)]:
+        try:
+            check_kernel(job.kernel, job.variant, job.config, max(job.rtol, 1e-3), max(job.atol, 1e-4),
+                         on_gpu=True)
+        except Exception as err:
+            failures.append(f"{job.kernel.name} {job.variant} {job.config}: {str(err)[-1500:]}")
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.parametrize("name", REFERENCE_MODELS)
 def test_every_kernel_of_a_reference_model_compiles_for_sm90(name: str) -> None:
     kernels = _model_kernels(name)
     results = compile_sm90(list(kernels))
     errors = [f"{r['name']}: {r['error']}" for r in results if "error" in r]
     assert not errors, "\n".join(errors)
-    assert len(results) == len(kernels)
+    assert len(results) == sum(len(triton_variants(k)) for k in kernels)
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["shared"] >= 0, r
@@ -178,4 +209,4 @@ def test_unsupported_kernels_raise() -> None:
     with pytest.raises(ValueError, match="no persistent variant"):
         triton_source(k, TritonVariant("persistent"), "f")
     with pytest.raises(ValueError, match="unknown Triton variant"):
-        configs(k, TritonVariant("tiled"))
+        configs(k, TritonVariant("blocked"))

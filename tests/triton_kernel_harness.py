@@ -77,18 +77,35 @@ def run_interpreted(k: Kernel, variant: TritonVariant, config: dict[str, int],
         setattr(module, "libdevice", interpreter_libdevice())  # noqa: B010 - see interpreter_libdevice
         fn: Any = getattr(module, name)
         args = [tensors[p.buffer] for p in k.params]
-        fn[grid(k, config)](*args, xnumel(k), max(1, rnumel(k)), XBLOCK=config["XBLOCK"],
+        fn[grid(k, variant, config)](*args, xnumel(k), max(1, rnumel(k)), XBLOCK=config["XBLOCK"],
                             RBLOCK=config["RBLOCK"])
     sys.modules.pop(f"kiln_triton_{name}", None)
 
 
+def run_compiled(k: Kernel, variant: TritonVariant, config: dict[str, int],
+                 tensors: dict[str, torch.Tensor]) -> None:
+    """The kernel compiled by triton for this machine's GPU, on copies of the tensors there."""
+    name = kernel_name(k)
+    with tempfile.TemporaryDirectory() as tmp:
+        module = load_module(triton_source(k, variant, name), name, Path(tmp))
+        on_gpu = {b: t.cuda() for b, t in tensors.items()}
+        args = [on_gpu[p.buffer] for p in k.params]
+        getattr(module, name)[grid(k, variant, config)](
+            *args, xnumel(k), max(1, rnumel(k)), XBLOCK=config["XBLOCK"], RBLOCK=config["RBLOCK"],
+            num_warps=config["num_warps"], num_stages=config["num_stages"])
+        for b, t in on_gpu.items():
+            tensors[b].copy_(t.cpu())
+    sys.modules.pop(f"kiln_triton_{name}", None)
+
+
 def check_kernel(k: Kernel, variant: TritonVariant, config: dict[str, int], rtol: float = 1e-4,
-                 atol: float = 1e-5) -> None:
+                 atol: float = 1e-5, on_gpu: bool = False) -> None:
+    """The kernel (interpreted, or compiled and run on the GPU) against the schedule interpreter."""
     tensors = random_params(k)
     want = {b: t.clone() for b, t in tensors.items()}
     run_kernel(k, want, empty)
     got = {b: t.clone() for b, t in tensors.items()}
-    run_interpreted(k, variant, config, got)
+    (run_compiled if on_gpu else run_interpreted)(k, variant, config, got)
     for p in k.params:
         if p.role != "in":
             where = f"{k.name} {variant.kind} {config} {p.name}"
@@ -103,7 +120,7 @@ def interpret_configs(k: Kernel, variant: TritonVariant, budget: int = 256) -> l
 
     def cost(c: dict[str, int]) -> int:
         chunks = -(-max(1, rnumel(k)) // c["RBLOCK"]) if variant.kind == "looped" else 1
-        return grid(k, c)[0] * chunks
+        return grid(k, variant, c)[0] * chunks
 
     cheap = sorted(all_configs, key=cost)
     first = all_configs[0] if cost(all_configs[0]) <= budget else cheap[0]
@@ -135,8 +152,8 @@ def check_interpreted(jobs: list[Job], timeout: float = 600) -> list[str]:
     """Run the jobs in an interpreting worker; returns one message per failed job."""
     from tests.conftest import python_path
 
-    data = [{"kernel": kernel_json(j.kernel), "variant": j.variant.kind, "config": j.config,
-             "rtol": j.rtol, "atol": j.atol} for j in jobs]
+    data = [{"kernel": kernel_json(j.kernel), "variant": [j.variant.kind, j.variant.split],
+             "config": j.config, "rtol": j.rtol, "atol": j.atol} for j in jobs]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "jobs.json"
         path.write_text(json.dumps(data))
@@ -150,9 +167,9 @@ def check_interpreted(jobs: list[Job], timeout: float = 600) -> list[str]:
 
 
 def compile_sm90(kernels: list[Kernel], timeout: float = 600) -> list[dict[str, Any]]:
-    """Compile each kernel's default variant and config for sm_90 (no GPU needed), in a worker
-    without TRITON_INTERPRET; returns per kernel {"name", "cubin_bytes", "shared", "num_warps"}
-    or {"name", "error"}."""
+    """Compile each variant of each kernel at its default config for sm_90 (no GPU needed), in a
+    worker without TRITON_INTERPRET; returns per variant {"name", "variant", "cubin_bytes",
+    "shared", "num_warps"} or {"name", "variant", "error"}."""
     from tests.conftest import python_path
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,31 +186,34 @@ def compile_sm90(kernels: list[Kernel], timeout: float = 600) -> list[dict[str, 
 
 
 def _compile_worker(path: Path) -> None:
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for d in json.loads(path.read_text()):
+            k = kernel_from(d)
+            results += [_compile_one(k, v, Path(tmp)) for v in triton_variants(k)]
+    (path.parent / "compiled.json").write_text(json.dumps(results))
+
+
+def _compile_one(k: Kernel, variant: TritonVariant, tmp: Path) -> dict[str, Any]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from tasks.codegen.triton_kernel import signature
 
-    results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for d in json.loads(path.read_text()):
-            k = kernel_from(d)
-            name = kernel_name(k)
-            variant = triton_variants(k)[0]
-            config = configs(k, variant)[0]
-            try:
-                module = load_module(triton_source(k, variant, name), name, Path(tmp))
-                src = ASTSource(fn=getattr(module, name), signature=signature(k),
-                                constexprs={"XBLOCK": config["XBLOCK"], "RBLOCK": config["RBLOCK"]})
-                options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-                compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-                meta = compiled.metadata
-                results.append({"name": name, "cubin_bytes": len(compiled.asm["cubin"]),
-                                "shared": meta.shared, "num_warps": meta.num_warps})
-            except Exception:
-                results.append({"name": name, "error": traceback.format_exc()[-3000:]})
-    (path.parent / "compiled.json").write_text(json.dumps(results))
+    name = kernel_name(k)
+    config = configs(k, variant)[0]
+    try:
+        module = load_module(triton_source(k, variant, name), f"{name}_{variant.kind}", tmp)
+        src = ASTSource(fn=getattr(module, name), signature=signature(k),
+                        constexprs={"XBLOCK": config["XBLOCK"], "RBLOCK": config["RBLOCK"]})
+        options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        meta = compiled.metadata
+        return {"name": name, "variant": variant.kind, "cubin_bytes": len(compiled.asm["cubin"]),
+                "shared": meta.shared, "num_warps": meta.num_warps}
+    except Exception:
+        return {"name": name, "variant": variant.kind, "error": traceback.format_exc()[-3000:]}
 
 
 def _worker(path: Path) -> None:
@@ -201,7 +221,7 @@ def _worker(path: Path) -> None:
     for d in json.loads(path.read_text()):
         k = kernel_from(d["kernel"])
         try:
-            check_kernel(k, TritonVariant(d["variant"]), d["config"], d["rtol"], d["atol"])
+            check_kernel(k, TritonVariant(*d["variant"]), d["config"], d["rtol"], d["atol"])
         except Exception:
             failures.append(f"{k.name} {d['variant']} {d['config']}:\n{traceback.format_exc()[-3000:]}")
     (path.parent / "failures.json").write_text(json.dumps(failures))

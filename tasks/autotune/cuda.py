@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,11 @@ def run(job: StageJob) -> Mapping[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         made = Path(tmp)
         if gpu != "none":
-            fresh = _tune(kernels_json, missing, made)
+            fresh = _tune(kernels_json, missing, made,
+                          lambda n, total: job.progress(n, total, "kernels tuned"))
         else:
-            fresh = _cross_compile(spec, missing, folder, made)
+            fresh = _cross_compile(spec, missing, folder, made,
+                                   lambda n, total: job.progress(n, total, "kernels compiled"))
         records, used, hits = _store(spec, parts, fresh, made, items, job.out_dir / CUBINS)
     seconds = time.perf_counter() - started
     decisions = {key: {k: r.get(k) for k in ("variant", "function", "config", "tuned")}
@@ -65,10 +67,11 @@ def run(job: StageJob) -> Mapping[str, Any]:
             "peak_gpu_bytes": peak, "items": used, "summary": note}
 
 
-def _tune(kernels_json: Path, missing: list[dict[str, Any]], made: Path) -> dict[str, Any]:
+def _tune(kernels_json: Path, missing: list[dict[str, Any]], made: Path,
+          on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     if not missing:
         return {}
-    records = cuda_tune.tune_all(kernels_json, [e["key"] for e in missing], made, _gpu_count())
+    records = cuda_tune.tune_all(kernels_json, [e["key"] for e in missing], made, _gpu_count(), on_progress)
     for r in records.values():
         if not (made / f"{r['key'][:16]}.cubin").is_file():
             name = next(e["kernel"] for e in missing if e["key"] == r["key"])
@@ -84,8 +87,8 @@ def _gpu_count() -> int:
     return max(1, len(list(Path("/proc/driver/nvidia/gpus").glob("*"))))
 
 
-def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: Path,
-                   made: Path) -> dict[str, Any]:
+def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: Path, made: Path,
+                   on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     """Each kernel's default variant and config, compiled for the arch (in parallel processes:
     triton's compiler holds the GIL)."""
 
@@ -106,8 +109,13 @@ def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: 
                 "function": variant["function"], "config": config, "default": f"{variant['name']}:0",
                 "timings": {}, "errors": {}, "gain": None, "tuned": False}
 
+    records: dict[str, Any] = {}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return {r["key"]: r for r in pool.map(one, missing)}
+        for future in as_completed([pool.submit(one, entry) for entry in missing]):
+            record = future.result()
+            records[record["key"]] = record
+            on_progress(len(records), len(missing))
+    return records
 
 
 _ROOT = str(Path(__file__).resolve().parents[2])

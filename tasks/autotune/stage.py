@@ -57,6 +57,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
             hits += hit
             used.append(f"{item.stage}/{item.key}")
             records[entry["key"]] = json.loads(item.file("record.json").read_text())
+            job.progress(len(records), len(spec["kernels"]), "kernels")
             shutil.copyfile(item.file(OBJECT), objects / f"{entry['key'][:16]}.o")
     decisions = {key: {"variant": r["variant"], "config": r["config"],
                        "object": digest_file(objects / f"{key[:16]}.o")} for key, r in records.items()}

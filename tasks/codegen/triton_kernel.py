@@ -8,7 +8,10 @@
 X is flattened to xnumel rows, XBLOCK per program; R to rnumel. Variants of a reduction:
 "persistent" holds all of R in one [XBLOCK, RBLOCK] block and runs the passes back to back;
 "looped" runs each pass as a loop over R in RBLOCK chunks, one accumulator per lane, combined
-across lanes after the loop. Every variant of a kernel takes the same arguments.
+across lanes after the loop. A pointwise kernel that reads or writes one buffer along another
+dimension than the rest (a transpose) also gets a "tiled" variant: its loop nest split into an
+outer and an inner group, walked in [XBLOCK, RBLOCK] tiles, so both access directions are
+contiguous in one of the tile's axes. Every variant of a kernel takes the same arguments.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from tasks.codegen.triton_expr import HELPERS, NO_SHAPE, TL, ExprWriter, Shape, cast_text, rep
 from tasks.ir.dtypes import DType
-from tasks.ir.expr import Expr, Op
+from tasks.ir.expr import Expr, Op, loads
 from tasks.ir.nodes import Buffer, Pointwise, ReduceOp, Reduction, Scatter
 from tasks.schedule.model import Kernel
 
@@ -40,12 +43,17 @@ SIGNATURE_TYPES = {
 
 @dataclass(frozen=True)
 class TritonVariant:
-    kind: str  # "pointwise", "persistent" or "looped"
+    kind: str  # "pointwise", "tiled", "persistent" or "looped"
+    split: int = 0  # tiled: how many outer dimensions of the loop nest run along the tile's rows
 
 
 def triton_variants(k: Kernel) -> list[TritonVariant]:
     if not k.reduce_ranges:
-        return [TritonVariant("pointwise")]
+        split = tile_split(k)
+        # Note: the tiled variant goes first, so an untuned build (no GPU) uses it: a transpose
+        # walked in 1-D blocks reads or writes with a stride on every element.
+        return [TritonVariant("tiled", split), TritonVariant("pointwise")] if split else \
+            [TritonVariant("pointwise")]
     if rnumel(k) <= PERSISTENT_MAX_R:
         return [TritonVariant("persistent"), TritonVariant("looped")]
     return [TritonVariant("looped")]
@@ -59,6 +67,53 @@ def xnumel(k: Kernel) -> int:
 
 def rnumel(k: Kernel) -> int:
     return math.prod(k.reduce_ranges)
+
+
+MIN_TILE_SIDE = 8  # a tile's side along a loop group smaller than this gains nothing
+
+
+def tile_split(k: Kernel) -> int:
+    """How many outer loops a tiled variant puts along its rows, or 0 for no tiled variant.
+
+    The loops each parameter is contiguous along (its stride-1 dimension, indexed by a bare
+    loop variable) are collected; when the innermost loop is one of them and an outer loop `a`
+    is another, the tile splits after `a`, so rows are contiguous for one access and columns for
+    the other.
+    """
+    if k.reduce_ranges or _scatter(k) is not None or len(k.ranges) < 2:
+        return 0
+    last = len(k.ranges) - 1
+    contiguous = _contiguous_loops(k)
+    if last not in contiguous or len(contiguous) < 2:
+        return 0
+    split = max(a for a in contiguous if a != last) + 1
+    outer, inner = math.prod(k.ranges[:split]), math.prod(k.ranges[split:])
+    return split if min(outer, inner) >= MIN_TILE_SIDE else 0
+
+
+def _contiguous_loops(k: Kernel) -> set[int]:
+    specs = {p.name: p.spec for p in k.params}
+    found: set[int] = set()
+    for node in k.nodes:
+        assert isinstance(node, Pointwise)
+        if node.out.name in specs:  # stored at (i0, i1, ...)
+            found |= {d for d, (st, size) in enumerate(zip(node.out.stride, node.out.shape, strict=True))
+                      if st == 1 and size > 1}
+        for e in loads(node.body):
+            spec = specs.get(str(e.arg))
+            if spec is None:
+                continue
+            for index, st, size in zip(e.args, spec.stride, spec.shape, strict=True):
+                if st == 1 and size > 1 and index.op is Op.VAR and str(index.arg).startswith("i"):
+                    found.add(int(str(index.arg)[1:]))
+    return found
+
+
+def tile_numels(k: Kernel, variant: TritonVariant) -> tuple[int, int]:
+    """The (rows, columns) a variant's programs cover: X and R, or a tiled kernel's two groups."""
+    if variant.kind == "tiled":
+        return math.prod(k.ranges[:variant.split]), math.prod(k.ranges[variant.split:])
+    return xnumel(k), 1
 
 
 def kernel_name(k: Kernel) -> str:
@@ -84,7 +139,11 @@ def signature(k: Kernel) -> dict[str, str]:
 def configs(k: Kernel, variant: TritonVariant) -> list[dict[str, int]]:
     """Candidate launch configs, the default first."""
     xs = _pow2(xnumel(k))
-    if variant.kind == "pointwise":
+    if variant.kind == "tiled":
+        rows, cols = (_pow2(n) for n in tile_numels(k, variant))
+        shapes = [(32, 32, 4), (64, 64, 8), (16, 64, 4), (64, 16, 4), (128, 32, 8)]
+        out = [(min(x, rows), min(r, cols), w) for x, r, w in shapes]
+    elif variant.kind == "pointwise":
         cands = [(1024, 1, 4), (256, 1, 4), (2048, 1, 8), (64, 1, 2)]
         out = [(min(x, xs), r, w) for x, r, w in cands]
     elif variant.kind == "persistent":
@@ -102,8 +161,9 @@ def configs(k: Kernel, variant: TritonVariant) -> list[dict[str, int]]:
     return [{"XBLOCK": x, "RBLOCK": r, "num_warps": w, "num_stages": 1} for x, r, w in seen]
 
 
-def grid(k: Kernel, config: dict[str, int]) -> tuple[int, int, int]:
-    return (max(1, -(-xnumel(k) // config["XBLOCK"])), 1, 1)
+def grid(k: Kernel, variant: TritonVariant, config: dict[str, int]) -> tuple[int, int, int]:
+    rows, cols = tile_numels(k, variant)
+    return (max(1, -(-rows // config["XBLOCK"]) * -(-cols // config["RBLOCK"])), 1, 1)
 
 
 def _pow2(n: int) -> int:
@@ -140,7 +200,7 @@ class _KernelGen:
     def __init__(self, k: Kernel, variant: TritonVariant) -> None:
         self.k = k
         self.variant = variant
-        self.two_d = bool(k.reduce_ranges)
+        self.two_d = bool(k.reduce_ranges) or variant.kind == "tiled"
         self.specs = {p.name: p.spec for p in k.params}
         self.locals = {b.name: b for b in k.locals}
         self.helpers: set[str] = set()
@@ -160,8 +220,12 @@ class _KernelGen:
             return "[XBLOCK]"
         return {X: "[XBLOCK, 1]", R: "[1, RBLOCK]", XR: "[XBLOCK, RBLOCK]"}.get(shape, "[XBLOCK, 1]")
 
+    def loop_shape(self, n: int) -> Shape:
+        """The block axis loop i<n> runs along: rows, or a tiled kernel's inner loops' columns."""
+        return R if self.variant.kind == "tiled" and n >= self.variant.split else X
+
     def writer(self) -> ExprWriter:
-        shapes = {f"i{n}": X for n in range(len(self.k.ranges))}
+        shapes = {f"i{n}": self.loop_shape(n) for n in range(len(self.k.ranges))}
         shapes |= {f"r{n}": R for n in range(len(self.k.reduce_ranges))}
         if (s := _scatter(self.k)) is not None:
             shapes = {f"i{n}": X for n in range(len(s.ranges))}
@@ -174,6 +238,8 @@ class _KernelGen:
         scatter = _scatter(k)
         x_sizes = scatter.ranges if scatter is not None else k.ranges
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        if self.variant.kind == "tiled":
+            return self.tile_block(pid) + self.pointwise_body()
         arange = "tl.arange(0, XBLOCK)[:, None]" if self.two_d else "tl.arange(0, XBLOCK)"
         lines = [f"xindex = {pid} * XBLOCK + {arange}", "xmask = xindex < xnumel"]
         lines += _unflatten("xindex", "i", x_sizes)
@@ -186,6 +252,19 @@ class _KernelGen:
         for stage in k.stages:
             lines += self.loop_stage(stage.nodes) if stage.loop else self.row_stage(stage.nodes)
         return lines
+
+    def tile_block(self, pid: str) -> list[str]:
+        """A tiled kernel's rows (outer loops) and columns (inner loops); sizes are constants,
+        the xnumel and rnumel arguments go unused."""
+        rows, cols = tile_numels(self.k, self.variant)
+        split = self.variant.split
+        return [f"pid = {pid}", f"rtiles = ({cols} + RBLOCK - 1) // RBLOCK",
+                "xindex = (pid // rtiles) * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
+                f"xmask = xindex < {rows}",
+                "rindex = (pid % rtiles) * RBLOCK + tl.arange(0, RBLOCK)[None, :]",
+                f"rmask = rindex < {cols}",
+                *_unflatten("xindex", "i", self.k.ranges[:split]),
+                *_unflatten("rindex", "i", self.k.ranges[split:], first=split)]
 
     def r_block(self, index: str) -> list[str]:
         if self.wide:
@@ -236,12 +315,12 @@ class _KernelGen:
 
     def store(self, out: Buffer, value: tuple[str, Shape], dtype: DType, full: bool) -> list[str]:
         """Store a root value (if out is a parameter) and keep it for reads later in the kernel."""
-        shape = XR if full else X
+        shape = XR if full or self.variant.kind == "tiled" else X
         self.values[out.name] = (value[0], value[1], full)
         if out.name in self.locals or out.name in self.stored:
             return []
         self.stored.add(out.name)
-        idx = [(f"i{n}", X) for n in range(len(self.k.ranges))]
+        idx = [(f"i{n}", self.loop_shape(n)) for n in range(len(self.k.ranges))]
         if full:
             idx += [(f"r{n}", R) for n in range(len(self.k.reduce_ranges))]
         offset, off_shape = flat(idx, self.specs[out.name])
@@ -325,7 +404,8 @@ class _KernelGen:
         return [*lines, f"tl.atomic_add({ptr}, {v}, xmask)"]
 
 
-def _unflatten(flat_name: str, prefix: str, sizes: tuple[int, ...]) -> list[str]:
+def _unflatten(flat_name: str, prefix: str, sizes: tuple[int, ...], first: int = 0) -> list[str]:
+    """`<prefix><first + n> = ...` for each loop n of a row-major flat index over sizes."""
     lines = []
     inner = 1
     for n in reversed(range(len(sizes))):
@@ -336,7 +416,7 @@ def _unflatten(flat_name: str, prefix: str, sizes: tuple[int, ...]) -> list[str]
             text = f"{flat_name} // {inner}" if inner > 1 else flat_name
         else:
             text = f"({flat_name} // {inner}) % {size}" if inner > 1 else f"{flat_name} % {size}"
-        lines.append(f"{prefix}{n} = {text}")
+        lines.append(f"{prefix}{first + n} = {text}")
         inner *= size
     return list(reversed(lines))
 

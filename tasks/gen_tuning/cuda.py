@@ -8,7 +8,6 @@ tune.py can tune any kernel by itself, on random inputs, without the model.
 
 from __future__ import annotations
 
-import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,12 @@ from tasks.codegen.triton_kernel import (
     TritonVariant,
     configs,
     kernel_name,
+    rnumel,
     signature,
+    tile_numels,
     triton_source,
     triton_variants,
+    xnumel,
 )
 from tasks.ir.serialize import buffer_json
 from tasks.schedule.model import Kernel, Schedule
@@ -64,9 +66,9 @@ def _entry(group: list[Kernel], folder: Path) -> dict[str, Any]:
     bounds = index_bounds(k)
     params = [buffer_json(p.spec) | {"role": p.role, "bound": bounds.get(p.name)} for p in k.params]
     return {
-        "key": k.key, "names": [g.name for g in group], "origins": list(k.origins[:3]), "kernel": name,
+        "key": k.key, "names": [g.name for g in group], "origins": list(k.origins), "kernel": name,
         "file": rel, "params": params, "signature": signature(k),
-        "xnumel": math.prod(k.ranges), "rnumel": math.prod(k.reduce_ranges) if k.reduce_ranges else 1,
-        "variants": [{"name": v.kind, "function": function_for(name, v), "configs": configs(k, v)}
-                     for v in variants],
+        "xnumel": xnumel(k), "rnumel": max(1, rnumel(k)),
+        "variants": [{"name": v.kind, "function": function_for(name, v), "configs": configs(k, v),
+                      "tile": list(tile_numels(k, v))} for v in variants],
     }

@@ -101,7 +101,7 @@ def inline_pointwise(graph: Graph, decisions: Decisions) -> Graph:
     bodies: dict[str, Pointwise] = {}
     kept: list[Node] = []
     for node in graph.nodes:
-        node = expand_loads(node, bodies)
+        node = _named_after_copied(expand_loads(node, bodies), node, bodies)
         if isinstance(node, Pointwise):
             why = inline_refusal(node, graph, sites.get(node.out.name, []), mutated)
             if why is None:
@@ -110,6 +110,16 @@ def inline_pointwise(graph: Graph, decisions: Decisions) -> Graph:
             decisions.refuse(f"inline {node.out.name} ({node.origin})", why)
         kept.append(node)
     return replace(graph, nodes=tuple(kept))
+
+
+def _named_after_copied(node: Node, before: Node, bodies: dict[str, Pointwise]) -> Node:
+    """A copy (a view a call needs in memory) that an inlined producer's work now fills is
+    named after that producer: `gelu`, not the `addmm` that needed the copy."""
+    if isinstance(node, Pointwise) and isinstance(before, Pointwise) and before.body.op is Op.LOAD:
+        producer = bodies.get(str(before.body.arg))
+        if producer is not None and producer.origin:
+            return replace(node, origin=producer.origin)
+    return node
 
 
 def expand_loads(node: Node, bodies: dict[str, Pointwise]) -> Node:

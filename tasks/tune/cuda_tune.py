@@ -1,6 +1,6 @@
 """Standalone GPU tuner for kiln's Triton kernels (copied as tune.py beside kernels.json).
 
-    python tune.py [--kernels NAME,NAME] [--out tuning.json] [--cubins DIR]
+    python tune.py [--kernels k3,k7] [--out tuning.json] [--cubins DIR] [--spec kernels.json]
 
 For each kernel in kernels.json, in a worker process per visible GPU: make random inputs with
 the kernel's exact shapes, strides and dtypes (integers read as indices stay in range) for that
@@ -21,6 +21,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,6 +34,8 @@ _WORKER_TIMEOUT_S = 600
 
 
 def load_module(path: Path) -> ModuleType:
+    # Note: no __pycache__ beside the module: it sits in a cache entry, which nobody may change.
+    sys.dont_write_bytecode = True
     spec = importlib.util.spec_from_file_location(f"kiln_kernel_{path.stem}", path)
     assert spec is not None
     assert spec.loader is not None
@@ -58,13 +62,16 @@ def random_inputs(params: list[dict[str, Any]], device: str, seed: int = 0) -> l
     return out
 
 
-def grid_of(entry: dict[str, Any], config: dict[str, int]) -> tuple[int, int, int]:
-    return (math.ceil(entry["xnumel"] / config["XBLOCK"]), 1, 1)
+def grid_of(variant: dict[str, Any], config: dict[str, int]) -> tuple[int, int, int]:
+    """One program per [XBLOCK, RBLOCK] tile of the variant's (rows, columns)."""
+    rows, cols = variant["tile"]
+    return (math.ceil(rows / config["XBLOCK"]) * math.ceil(cols / config["RBLOCK"]), 1, 1)
 
 
-def launch(fn: Any, entry: dict[str, Any], tensors: list[Any], config: dict[str, int]) -> Any:
+def launch(fn: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: list[Any],
+           config: dict[str, int]) -> Any:
     """Runs one candidate; returns triton's compiled kernel (for its cubin and metadata)."""
-    return fn[grid_of(entry, config)](*tensors, entry["xnumel"], entry["rnumel"], XBLOCK=config["XBLOCK"],
+    return fn[grid_of(variant, config)](*tensors, entry["xnumel"], entry["rnumel"], XBLOCK=config["XBLOCK"],
                                       RBLOCK=config["RBLOCK"], num_warps=config["num_warps"],
                                       num_stages=config["num_stages"])
 
@@ -81,10 +88,9 @@ def agrees(got: list[Any], want: list[Any]) -> bool:
     return True
 
 
-def candidates(entry: dict[str, Any]) -> list[tuple[str, str, dict[str, int]]]:
-    """(label, function, config) for every variant and config; the default is first."""
-    return [(f"{v['name']}:{i}", v["function"], c)
-            for v in entry["variants"] for i, c in enumerate(v["configs"])]
+def candidates(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, int]]]:
+    """(label, variant, config) for every variant and config; the default is first."""
+    return [(f"{v['name']}:{i}", v, c) for v in entry["variants"] for i, c in enumerate(v["configs"])]
 
 
 def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dict[str, Any]:
@@ -103,14 +109,15 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
     roles = [p["role"] for p in entry["params"]]
     base = [None if role == "out" else t for t, role in zip(base, roles, strict=True)]
     tensors: list[Any] = []
-    for label, function, config in candidates(entry):
+    for label, variant, config in candidates(entry):
+        fn = getattr(module, variant["function"])
         tensors = []  # the last candidate's outputs go before this one's are made
         # Note: inputs are shared, outputs fresh per candidate, and the reference outputs wait
         # on the host: device memory stays at one kernel's inputs and outputs.
         tensors = [_fresh(p) if role == "out" else (t.clone() if role == "inout" else t)
                    for t, p, role in zip(base, entry["params"], roles, strict=True)]
         try:
-            compiled[label] = launch(getattr(module, function), entry, tensors, config)
+            compiled[label] = launch(fn, entry, variant, tensors, config)
             torch.cuda.synchronize()
         except Exception as err:  # out of resources, a compile error: this candidate only
             timings[label], errors[label] = None, f"{type(err).__name__}: {str(err)[:300]}"
@@ -121,7 +128,7 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
         elif not agrees(result, reference):
             timings[label], errors[label] = None, "outputs differ from the default candidate's"
             continue
-        timings[label] = _seconds(getattr(module, function), entry, tensors, config)
+        timings[label] = seconds(fn, entry, variant, tensors, config)
     record = _record(entry, timings, errors)
     record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
                "gpu": torch.cuda.get_device_name()}
@@ -139,8 +146,8 @@ def _fresh(param: dict[str, Any]) -> Any:
     return torch.empty_strided(param["shape"], param["stride"], dtype=dtype, device="cuda")
 
 
-def _seconds(fn: Any, entry: dict[str, Any], tensors: list[Any], config: dict[str, int],
-             repeat: int = 50) -> float:
+def seconds(fn: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: list[Any],
+            config: dict[str, int], repeat: int = 50) -> float:
     """Median seconds of one launch, by CUDA events (no cache-flush buffer: tuning's peak memory
     stays the kernel's own working set)."""
     import statistics
@@ -148,13 +155,13 @@ def _seconds(fn: Any, entry: dict[str, Any], tensors: list[Any], config: dict[st
     import torch
 
     for _ in range(5):
-        launch(fn, entry, tensors, config)
+        launch(fn, entry, variant, tensors, config)
     times = []
     for _ in range(repeat):
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
-        launch(fn, entry, tensors, config)
+        launch(fn, entry, variant, tensors, config)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
@@ -167,8 +174,8 @@ def _record(entry: dict[str, Any], timings: dict[str, float | None],
     default = labels[0]
     scored = {label: timings.get(label) or math.inf for label in labels}
     best = min(labels, key=lambda label: (scored[label], label != default))
-    _, function, config = next(c for c in candidates(entry) if c[0] == best)
-    variant = best.split(":")[0]
+    _, chosen, config = next(c for c in candidates(entry) if c[0] == best)
+    variant, function = chosen["name"], chosen["function"]
     gain = scored[default] / scored[best] if scored[best] not in (0, math.inf) else None
     return {"key": entry["key"], "label": best, "variant": variant, "function": function, "config": config,
             "default": default, "timings": timings, "errors": errors, "gain": gain,
@@ -201,8 +208,8 @@ def compile_cubin(entry: dict[str, Any], folder: Path, function: str, config: di
 
 def _worker(args: argparse.Namespace) -> int:
     """Tunes the listed kernels in order, appending one JSON line per finished kernel."""
-    spec = json.loads(args.kernels.read_text())
-    folder = args.kernels.parent / spec["folder"]
+    spec = json.loads(args.spec.read_text())
+    folder = args.spec.parent / spec["folder"]
     entries = {e["key"]: e for e in spec["kernels"]}
     with args.out.open("a") as out:
         for key in args.worker.split(","):
@@ -211,45 +218,75 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int) -> dict[str, Any]:
+def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int,
+             on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Tunes `keys` with one worker process per GPU. A worker that dies costs only the kernel
-    it was on (recorded as failed); a new worker takes the rest of its list."""
+    it was on (recorded as failed); a new worker takes the rest of its list. on_progress hears
+    (kernels done, kernels in all) as workers finish kernels."""
     records: dict[str, Any] = {}
     queues = [keys[g::max(1, gpus)] for g in range(max(1, gpus))]
     with tempfile.TemporaryDirectory() as tmp:
         while any(queues):
-            procs = []
-            for device, queue in enumerate(queues):
-                if not queue:
-                    continue
-                out = Path(tmp) / f"gpu{device}.jsonl"
-                out.write_text("")
-                env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(device))
-                cmd = [sys.executable, __file__, "--kernels", str(kernels), "--worker", ",".join(queue),
-                       "--out", str(out), *(["--cubins", str(cubins)] if cubins else [])]
-                procs.append((device, out, subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)))
-            for device, out, proc in procs:
-                try:
-                    _, err = proc.communicate(timeout=_WORKER_TIMEOUT_S * len(queues[device]))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    err = "timed out"
-                done = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+            workers = [_Worker(kernels, device, queue, Path(tmp), cubins)
+                       for device, queue in enumerate(queues) if queue]
+            while any(w.running() for w in workers):
+                if on_progress is not None:
+                    on_progress(len(records) + sum(len(w.done()) for w in workers), len(keys))
+            for w in workers:
+                done = w.done()
                 records.update((r["key"], r) for r in done)
-                rest = queues[device][len(done):]
+                rest = w.queue[len(done):]
                 if rest:  # the worker stopped on rest[0]: that kernel fails, the others go on
                     failed, rest = rest[0], rest[1:]
-                    why = (err or f"exit status {proc.returncode}")[-500:]
-                    records[failed] = {"key": failed, "tuned": False, "errors": {"worker": why}}
-                queues[device] = rest
+                    records[failed] = {"key": failed, "tuned": False, "errors": {"worker": w.why()}}
+                queues[w.device] = rest
+    if on_progress is not None:
+        on_progress(len(records), len(keys))
     return records
+
+
+class _Worker:
+    """One tuning process on one GPU, working through its queue of kernels."""
+
+    def __init__(self, kernels: Path, device: int, queue: list[str], tmp: Path, cubins: Path | None) -> None:
+        self.device, self.queue = device, queue
+        self.out, self.err = tmp / f"gpu{device}.jsonl", tmp / f"gpu{device}.err"
+        self.out.write_text("")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(device))
+        cmd = [sys.executable, __file__, "--spec", str(kernels), "--worker", ",".join(queue),
+               "--out", str(self.out), *(["--cubins", str(cubins)] if cubins else [])]
+        with self.err.open("w") as err:
+            self.proc = subprocess.Popen(cmd, env=env, stderr=err, stdout=subprocess.DEVNULL)
+        self.deadline = time.monotonic() + _WORKER_TIMEOUT_S * len(queue)
+        self.timed_out = False
+
+    def running(self) -> bool:
+        try:
+            self.proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if time.monotonic() < self.deadline:
+                return True
+            self.proc.kill()
+            self.proc.wait()
+            self.timed_out = True
+        return False
+
+    def done(self) -> list[dict[str, Any]]:
+        whole = self.out.read_text().split("\n")[:-1]  # a line still being written has no newline
+        return [json.loads(line) for line in whole if line.strip()]
+
+    def why(self) -> str:
+        if self.timed_out:
+            return "timed out"
+        return (self.err.read_text(errors="replace") or f"exit status {self.proc.returncode}")[-500:]
 
 
 def main(argv: list[str] | None = None) -> int:
     here = Path(__file__).resolve().parent
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--kernels", type=Path, default=here / "kernels.json")
-    parser.add_argument("--only", help="comma-separated kernel names (k3,k7) to tune")
+    parser.add_argument("--kernels",
+                        help="comma-separated kernels to tune (k3,k7 or full names); default all")
+    parser.add_argument("--spec", type=Path, default=here / "kernels.json", help="the kernels.json to read")
     parser.add_argument("--out", type=Path, default=here / "tuning.json")
     parser.add_argument("--cubins", type=Path, help="write each winner's cubin and launch facts here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -261,12 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("tune.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    spec = json.loads(args.kernels.read_text())
-    only = set(args.only.split(",")) if args.only else None
-    keys = [e["key"] for e in spec["kernels"] if only is None or only & set(e["names"])]
+    spec = json.loads(args.spec.read_text())
+    only = set(args.kernels.split(",")) if args.kernels else None
+    keys = [e["key"] for e in spec["kernels"] if only is None or only & {*e["names"], e["kernel"]}]
     if args.cubins:
         args.cubins.mkdir(parents=True, exist_ok=True)
-    records = tune_all(args.kernels, keys, args.cubins, torch.cuda.device_count())
+    if only is not None and not keys:
+        print(f"tune.py: no kernel is named {args.kernels}; kernels.json lists them", file=sys.stderr)
+        return 2
+    records = tune_all(args.spec, keys, args.cubins, torch.cuda.device_count())
     args.out.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
     for entry in spec["kernels"]:
         r = records.get(entry["key"])

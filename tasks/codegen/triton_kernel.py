@@ -144,12 +144,14 @@ def configs(k: Kernel, variant: TritonVariant) -> list[dict[str, int]]:
         shapes = [(32, 32, 4), (64, 64, 8), (16, 64, 4), (64, 16, 4), (128, 32, 8)]
         out = [(min(x, rows), min(r, cols), w) for x, r, w in shapes]
     elif variant.kind == "pointwise":
-        cands = [(1024, 1, 4), (256, 1, 4), (2048, 1, 8), (64, 1, 2)]
+        cands = [(1024, 1, 4), (256, 1, 4), (2048, 1, 8), (64, 1, 2), (512, 1, 2), (4096, 1, 16)]
         out = [(min(x, xs), r, w) for x, r, w in cands]
     elif variant.kind == "persistent":
         rb = _pow2(rnumel(k))
-        out = [(min(xs, max(1, 2048 // rb)), rb, 4 if rb <= 1024 else 8), (1, rb, 4 if rb <= 512 else 8),
-               (min(xs, max(1, 8192 // rb)), rb, 8)]
+        # (elements per block, warps): one row per program up to many short rows per program.
+        per_block = [(2048, 4 if rb <= 1024 else 8), (rb, 4 if rb <= 512 else 8), (8192, 8),
+                     (rb, 2 if rb <= 512 else 4), (4096, 4), (1024, 2)]
+        out = [(min(xs, max(1, per // rb)), rb, w) for per, w in per_block]
     elif variant.kind == "looped":
         rs = _pow2(rnumel(k))
         # (RBLOCK, elements per block, warps): rows fill the block when R is short.

@@ -31,6 +31,7 @@ _TORCH_DTYPES = {"b8": "bool", "u8": "uint8", "i8": "int8", "i16": "int16", "i32
                  "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
 _TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2}
 _WORKER_TIMEOUT_S = 600
+_SLEEP_CYCLES = 200_000  # ~0.1 ms at GPU clocks: longer than the host needs to queue one launch
 
 
 def load_module(path: Path) -> ModuleType:
@@ -148,24 +149,30 @@ def _fresh(param: dict[str, Any]) -> Any:
 
 def seconds(fn: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: list[Any],
             config: dict[str, int], repeat: int = 50) -> float:
-    """Median seconds of one launch, by CUDA events (no cache-flush buffer: tuning's peak memory
-    stays the kernel's own working set)."""
+    """Median GPU seconds of one launch, by CUDA events.
+
+    Note: each timed launch waits behind a short sleep kernel, so it is already queued when its
+    start event is reached: the events bracket the kernel alone, not the ~20-30 us the host
+    spends preparing a Triton launch (which would otherwise swamp any kernel of a few MB). No
+    cache-flush buffer is used, so tuning's peak memory stays the kernel's own working set.
+    """
     import statistics
 
     import torch
 
-    for _ in range(5):
+    for _ in range(3):
         launch(fn, entry, variant, tensors, config)
-    times = []
+    pairs = []
     for _ in range(repeat):
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        torch.cuda._sleep(_SLEEP_CYCLES)  # type: ignore[no-untyped-call]
         start.record()
         launch(fn, entry, variant, tensors, config)
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return float(statistics.median(times))
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return float(statistics.median(start.elapsed_time(end) / 1e3 for start, end in pairs))
 
 
 def _record(entry: dict[str, Any], timings: dict[str, float | None],

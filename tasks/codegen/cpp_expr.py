@@ -12,9 +12,10 @@ import math
 import re
 from collections.abc import Callable, Mapping
 
+from tasks.codegen.ssa import SsaWriter
 from tasks.ir import index as ix
 from tasks.ir.dtypes import DType
-from tasks.ir.expr import Expr, Op, walk
+from tasks.ir.expr import Expr, Op
 
 CTYPES = {
     DType.BOOL: "bool", DType.U8: "uint8_t", DType.I8: "int8_t", DType.I16: "int16_t",
@@ -68,28 +69,15 @@ def _float_text(v: float) -> str:
     return v.hex()
 
 
-class ExprWriter:
+class ExprWriter(SsaWriter[str]):
     """Writes the statements that compute a set of roots; `ref(e)` is the C++ name of a node."""
 
     def __init__(self, load: Callable[[Expr, list[str], str | None], str], ranges: Mapping[str, int],
                  prefix: str = "v") -> None:
+        super().__init__()
         self.load = load  # (load node, index texts, guard or None) -> C++ expression
         self.ranges = ranges
         self.prefix = prefix
-        self.names: dict[str, str] = {}
-        self.lines: list[str] = []
-
-    def ref(self, e: Expr) -> str:
-        return self.names[e.key]
-
-    def emit(self, roots: list[Expr]) -> list[str]:
-        guards = mask_contexts(roots)
-        start = len(self.lines)
-        for root in roots:
-            for node in walk(root):
-                if node.key not in self.names:
-                    self._emit(node, guards.get(node.key))
-        return self.lines[start:]
 
     def index(self, e: Expr) -> str:
         """An int64 index expression, inline."""
@@ -173,29 +161,3 @@ def cast_text(x: str, src: DType, dst: DType) -> str:
         inner = x if src is DType.F32 else f"static_cast<float>({x})"
         return f"{_FROM_FLOAT[dst]}({inner})"
     return f"static_cast<{CTYPES[dst]}>({x})"
-
-
-def mask_contexts(roots: list[Expr]) -> dict[str, str]:
-    """For each load reached only inside masked bodies: the C++ condition under which it runs."""
-    paths: dict[str, set[tuple[str, ...]]] = {}
-    stack: list[tuple[Expr, tuple[str, ...]]] = [(r, ()) for r in roots]
-    seen: set[tuple[str, tuple[str, ...]]] = set()
-    masks: dict[str, Expr] = {}
-    while stack:
-        node, ctx = stack.pop()
-        if (node.key, ctx) in seen:
-            continue
-        seen.add((node.key, ctx))
-        paths.setdefault(node.key, set()).add(ctx)
-        if node.op is Op.MASKED:
-            mask, body, other = node.args
-            masks[mask.key] = mask
-            stack += [(mask, ctx), (body, (*ctx, mask.key)), (other, ctx)]
-        else:
-            stack += [(a, ctx) for a in node.args]
-    return {key: _guard_key(ctxs) for key, ctxs in paths.items() if () not in ctxs}
-
-
-def _guard_key(ctxs: set[tuple[str, ...]]) -> str:
-    """A placeholder per mask key; the writer swaps in the mask's C++ name."""
-    return " || ".join("(" + " && ".join(f"@{k}" for k in sorted(ctx)) + ")" for ctx in sorted(ctxs))

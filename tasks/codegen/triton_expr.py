@@ -19,9 +19,10 @@ import math
 import re
 from collections.abc import Callable, Mapping
 
+from tasks.codegen.ssa import SsaWriter
 from tasks.ir import index as ix
 from tasks.ir.dtypes import DType
-from tasks.ir.expr import Expr, Op, walk
+from tasks.ir.expr import Expr, Op
 
 Shape = frozenset[str]
 NO_SHAPE: Shape = frozenset()
@@ -119,7 +120,7 @@ def cast_text(x: str, src: DType, dst: DType) -> str:
 LoadFn = Callable[[Expr, list[tuple[str, Shape]], "tuple[str, Shape] | None"], tuple[str, Shape]]
 
 
-class ExprWriter:
+class ExprWriter(SsaWriter[tuple[str, Shape]]):
     """Writes the SSA lines that compute a set of roots; `ref(e)` is a node's (name, shape).
 
     `load(node, indices, guard)` returns the text and shape of a load, `var_shapes` maps each
@@ -128,25 +129,12 @@ class ExprWriter:
 
     def __init__(self, load: LoadFn, ranges: Mapping[str, int], var_shapes: Mapping[str, Shape],
                  fresh: Callable[[], str], helpers: set[str]) -> None:
+        super().__init__()
         self.load = load
         self.ranges = ranges
         self.var_shapes = var_shapes
         self.fresh = fresh
         self.helpers = helpers  # names of HELPERS the kernel needs
-        self.names: dict[str, tuple[str, Shape]] = {}
-        self.lines: list[str] = []
-
-    def ref(self, e: Expr) -> tuple[str, Shape]:
-        return self.names[e.key]
-
-    def emit(self, roots: list[Expr]) -> list[str]:
-        guards = mask_contexts(roots)
-        start = len(self.lines)
-        for root in roots:
-            for node in walk(root):
-                if node.key not in self.names:
-                    self._emit(node, guards.get(node.key))
-        return self.lines[start:]
 
     def index(self, e: Expr) -> tuple[str, Shape]:
         """An integer index expression, inline (int32 or int64, as the loop variables are)."""
@@ -171,16 +159,14 @@ class ExprWriter:
             return f"{fn}({a[0]}, {a[1]})", shape
         raise ValueError(f"not an index expression: {e.op.value}")
 
-    def _emit(self, e: Expr, guard_key: str | None) -> None:
+    def _emit(self, e: Expr, guard: str | None) -> None:
         if e.op is Op.CONST:
             text, shape = literal(e.arg, e.dtype), NO_SHAPE
         elif e.dtype is DType.I64 and e.op in _INDEX_OPS:
             text, shape = self.index(e)
         elif e.op is Op.LOAD:
-            guard = None
-            if guard_key is not None:
-                guard = self._guard(guard_key)
-            text, shape = self.load(e, [self.index(a) for a in e.args], guard)
+            masked = None if guard is None else self._guard(guard)
+            text, shape = self.load(e, [self.index(a) for a in e.args], masked)
         else:
             parts = [self.ref(x) for x in e.args]
             shape = frozenset().union(*(p[1] for p in parts))
@@ -264,11 +250,3 @@ class ExprWriter:
         if op in _INFIX:
             return f"({a[0]} {_INFIX[op]} {a[1]})"
         raise ValueError(f"no Triton for {op.value}")
-
-
-def mask_contexts(roots: list[Expr]) -> dict[str, str]:
-    """For each node reached only inside masked bodies: the condition under which it runs,
-    with `@key` placeholders for the masks (as cpp_expr.mask_contexts)."""
-    from tasks.codegen.cpp_expr import mask_contexts as cpp_mask_contexts
-
-    return cpp_mask_contexts(roots)

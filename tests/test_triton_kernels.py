@@ -48,6 +48,9 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     "bias_gelu": (lambda x, b: F.gelu(x + b), (X, B)),
     "transpose_add": (lambda x, y: x.t() + y, (X, X.t().contiguous())),
     "permute_3d": (lambda x: x.permute(0, 2, 1) * 2 + 1, (torch.randn(3, 20, 17),)),
+    # attention's keys, transposed per head: [B*S, H*D] -> [B*H, D, S], a contiguous read along d
+    "heads_transpose": (lambda x, b: (x + b).view(2, 16, 4, 8).permute(0, 2, 3, 1).reshape(8, 8, 16),
+                        (torch.randn(32, 32), torch.randn(32))),
     "argmax_nan": (lambda x: (x.argmax(-1), x.argmin(0), x.amax(-1)), (NAN_X,)),
     "welford_large_r": (lambda x: (x.var(1), x.mean(1)), (WIDE,)),
     "scatter_add": (lambda x, i: torch.zeros(8, 3).scatter_add(0, i, x[:5, :3]), (X, IDX)),
@@ -112,6 +115,8 @@ def test_variants_and_configs_follow_the_kernel_kind() -> None:
     assert grid(tr, TritonVariant("tiled", 1), {**config, "XBLOCK": 16, "RBLOCK": 8}) == (3, 1, 1)
     (pm,) = _pattern_kernels("permute_3d")  # out[3, 17, 20] = in0[3, 20, 17].permute(0, 2, 1)
     assert triton_variants(pm)[0] == TritonVariant("tiled", 2)
+    (heads,) = _pattern_kernels("heads_transpose")  # read along i1 (d) through (i0 % 4) * 8 + i1
+    assert triton_variants(heads)[0] == TritonVariant("tiled", 2)
     wide = _pattern_kernels("welford_large_r")
     assert all(triton_variants(k) == [TritonVariant("looped")] for k in wide)
     assert signature(ln) == {"in0": "*fp32", "out0": "*fp32", "xnumel": "i32", "rnumel": "i32",

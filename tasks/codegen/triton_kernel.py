@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.codegen.triton_expr import HELPERS, NO_SHAPE, TL, ExprWriter, Shape, cast_text, rep
+from tasks.ir import index as ix
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr, Op, loads
 from tasks.ir.nodes import Buffer, Pointwise, ReduceOp, Reduction, Scatter
@@ -75,8 +76,8 @@ MIN_TILE_SIDE = 8  # a tile's side along a loop group smaller than this gains no
 def tile_split(k: Kernel) -> int:
     """How many outer loops a tiled variant puts along its rows, or 0 for no tiled variant.
 
-    The loops each parameter is contiguous along (its stride-1 dimension, indexed by a bare
-    loop variable) are collected; when the innermost loop is one of them and an outer loop `a`
+    The loops each parameter is contiguous along (a coefficient of 1 in its flat offset) are
+    collected; when the innermost loop is one of them and an outer loop `a`
     is another, the tile splits after `a`, so rows are contiguous for one access and columns for
     the other.
     """
@@ -92,7 +93,11 @@ def tile_split(k: Kernel) -> int:
 
 
 def _contiguous_loops(k: Kernel) -> set[int]:
-    specs = {p.name: p.spec for p in k.params}
+    """The loops i<m> along which some parameter's address moves by one element."""
+    # Note: a parameter far smaller than the largest (a row's statistics, a bias) is read from
+    # cache whatever its direction; only the big ones decide whether tiles pay.
+    largest = max(p.spec.nbytes for p in k.params)
+    specs = {p.name: p.spec for p in k.params if 8 * p.spec.nbytes >= largest}
     found: set[int] = set()
     for node in k.nodes:
         assert isinstance(node, Pointwise)
@@ -101,12 +106,22 @@ def _contiguous_loops(k: Kernel) -> set[int]:
                       if st == 1 and size > 1}
         for e in loads(node.body):
             spec = specs.get(str(e.arg))
-            if spec is None:
-                continue
-            for index, st, size in zip(e.args, spec.stride, spec.shape, strict=True):
-                if st == 1 and size > 1 and index.op is Op.VAR and str(index.arg).startswith("i"):
-                    found.add(int(str(index.arg)[1:]))
+            if spec is not None:
+                found |= _unit_stride_loops(e.args, spec)
     return found
+
+
+def _unit_stride_loops(index: tuple[Expr, ...], spec: Buffer) -> set[int]:
+    """Loops whose coefficient in the flat offset sum(index[d] * stride[d]) is 1."""
+    coefs: dict[Expr, int] = {}
+    for e, stride, size in zip(index, spec.stride, spec.shape, strict=True):
+        if size == 1 or stride == 0:
+            continue
+        terms, _ = ix.linear(e)
+        for atom, coef in terms.items():
+            coefs[atom] = coefs.get(atom, 0) + coef * stride
+    return {int(str(atom.arg)[1:]) for atom, coef in coefs.items()
+            if coef == 1 and atom.op is Op.VAR and str(atom.arg).startswith("i")}
 
 
 def tile_numels(k: Kernel, variant: TritonVariant) -> tuple[int, int]:

@@ -138,3 +138,13 @@ def test_tune_py_by_hand_tunes_the_kernels_named(cache: Cache, tmp_path: Path) -
     assert list(records) == [first["key"]]
     assert records[first["key"]]["tuned"]
     assert (tmp_path / "cubins" / f"{first['key'][:16]}.cubin").stat().st_size > 0
+
+
+def test_cubins_assume_aligned_pointers_and_say_which_ints_divide_by_16() -> None:
+    from tasks.tune.cuda_tune import compile_attrs
+
+    entry = {"signature": {"in0": "*fp32", "out0": "*fp16", "xnumel": "i32", "rnumel": "i32",
+                           "XBLOCK": "constexpr", "RBLOCK": "constexpr"}, "xnumel": 4096, "rnumel": 33}
+    divisible = [["tt.divisibility", 16]]
+    assert compile_attrs(entry) == {(0,): divisible, (1,): divisible, (2,): divisible}
+    assert (3,) in compile_attrs(entry | {"rnumel": 768})

@@ -106,7 +106,7 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
     timings: dict[str, float | None] = {}
     errors: dict[str, str] = {}
     reference: list[Any] | None = None
-    compiled: dict[str, Any] = {}
+    ran: set[str] = set()
     roles = [p["role"] for p in entry["params"]]
     base = [None if role == "out" else t for t, role in zip(base, roles, strict=True)]
     tensors: list[Any] = []
@@ -118,8 +118,9 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
         tensors = [_fresh(p) if role == "out" else (t.clone() if role == "inout" else t)
                    for t, p, role in zip(base, entry["params"], roles, strict=True)]
         try:
-            compiled[label] = launch(fn, entry, variant, tensors, config)
+            launch(fn, entry, variant, tensors, config)
             torch.cuda.synchronize()
+            ran.add(label)
         except Exception as err:  # out of resources, a compile error: this candidate only
             timings[label], errors[label] = None, f"{type(err).__name__}: {str(err)[:300]}"
             continue
@@ -133,8 +134,10 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
     record = _record(entry, timings, errors)
     record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
                "gpu": torch.cuda.get_device_name()}
-    if cubins is not None and record["label"] in compiled:
-        save_cubin(compiled[record["label"]], cubins / f"{entry['key'][:16]}")
+    if cubins is not None and record["label"] in ran:
+        major, minor = torch.cuda.get_device_capability()
+        compile_cubin(entry, folder, record["function"], record["config"], 10 * major + minor,
+                      cubins / f"{entry['key'][:16]}")
     del base, tensors
     torch.cuda.empty_cache()
     return record
@@ -199,16 +202,32 @@ def save_cubin(kernel: Any, stem: Path) -> None:
     stem.with_suffix(".json").write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
 
 
+def compile_attrs(entry: dict[str, Any]) -> dict[tuple[int, ...], list[list[Any]]]:
+    """The specialization every cubin is compiled with, which the wrapper guarantees: each
+    pointer 16-byte aligned, and xnumel / rnumel marked divisible by 16 where they are."""
+    values = {"xnumel": entry["xnumel"], "rnumel": entry["rnumel"]}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, (name, kind) in enumerate(entry["signature"].items()):
+        if kind.startswith("*") or (name in values and values[name] % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
 def compile_cubin(entry: dict[str, Any], folder: Path, function: str, config: dict[str, int], arch: int,
                   stem: Path) -> None:
-    """One candidate compiled for an arch with no GPU needed (the untuned path)."""
+    """One candidate compiled for an arch (no GPU needed), as the wrapper launches it: every
+    argument of the signature kept (none specialized away), alignment as compile_attrs says.
+
+    Note: the JIT's own compile of a candidate may drop an argument equal to 1 or assume an
+    alignment the wrapper cannot promise, so the cubin that ships is always this one.
+    """
     import triton
     from triton.backends.compiler import GPUTarget
 
     module = load_module(folder / entry["file"])
     constexprs = {"XBLOCK": config["XBLOCK"], "RBLOCK": config["RBLOCK"]}
     source = triton.compiler.ASTSource(fn=getattr(module, function), signature=entry["signature"],
-                                       constexprs=constexprs)
+                                       constexprs=constexprs, attrs=compile_attrs(entry))
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     save_cubin(triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options), stem)
 

@@ -106,7 +106,7 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
     timings: dict[str, float | None] = {}
     errors: dict[str, str] = {}
     reference: list[Any] | None = None
-    ran: set[str] = set()
+    compiled: dict[str, Any] = {}
     roles = [p["role"] for p in entry["params"]]
     base = [None if role == "out" else t for t, role in zip(base, roles, strict=True)]
     tensors: list[Any] = []
@@ -118,9 +118,8 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
         tensors = [_fresh(p) if role == "out" else (t.clone() if role == "inout" else t)
                    for t, p, role in zip(base, entry["params"], roles, strict=True)]
         try:
-            launch(fn, entry, variant, tensors, config)
+            compiled[label] = launch(fn, entry, variant, tensors, config)
             torch.cuda.synchronize()
-            ran.add(label)
         except Exception as err:  # out of resources, a compile error: this candidate only
             timings[label], errors[label] = None, f"{type(err).__name__}: {str(err)[:300]}"
             continue
@@ -134,10 +133,10 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
     record = _record(entry, timings, errors)
     record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
                "gpu": torch.cuda.get_device_name()}
-    if cubins is not None and record["label"] in ran:
-        major, minor = torch.cuda.get_device_capability()
-        compile_cubin(entry, folder, record["function"], record["config"], 10 * major + minor,
-                      cubins / f"{entry['key'][:16]}")
+    if cubins is not None and record["label"] in compiled:
+        # Note: this is the JIT's own compile of the winner. The wrapper (issue #6) needs every
+        # cubin compiled as compile_cubin does; that switch waits for a GPU run to check it.
+        save_cubin(compiled[record["label"]], cubins / f"{entry['key'][:16]}")
     del base, tensors
     torch.cuda.empty_cache()
     return record
@@ -219,7 +218,7 @@ def compile_cubin(entry: dict[str, Any], folder: Path, function: str, config: di
     argument of the signature kept (none specialized away), alignment as compile_attrs says.
 
     Note: the JIT's own compile of a candidate may drop an argument equal to 1 or assume an
-    alignment the wrapper cannot promise, so the cubin that ships is always this one.
+    alignment the wrapper cannot promise; the untuned path ships this compile.
     """
     import triton
     from triton.backends.compiler import GPUTarget

@@ -75,9 +75,11 @@ class CompiledModel:
             raise KilnError(f"{build_dir / MODEL_SO} has ABI version {version}; kiln loads {ABI_VERSION}",
                             "recompile the model with this version of kiln")
         handle = ctypes.c_void_p()
-        if self._lib.kiln_model_create(str(build_dir / WEIGHTS).encode(), ctypes.byref(handle)) != 0:
-            raise KilnError(f"cannot create the model from {build_dir / WEIGHTS}: {self._error()}",
-                            "use the weights file written by the same compile (kiln compile MODEL)")
+        status = self._lib.kiln_model_create(str(build_dir / WEIGHTS).encode(), ctypes.byref(handle))
+        if status != 0:
+            hint = "use the weights file written by the same compile (kiln compile MODEL)" \
+                if status == _BAD_WEIGHTS else ""
+            raise KilnError(f"cannot create the model from {build_dir / WEIGHTS}: {self._error()}", hint)
         self._handle = handle
         self._lock = threading.Lock()
         self.inputs = self._infos("input")

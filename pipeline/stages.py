@@ -49,7 +49,7 @@ TRACE_CONFIG = (
 
 RUNTIME_FILES = tuple(f"runtime/{name}" for name in (
     "kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h",
-    "kiln_fallback.h"))
+    "kiln_fallback.h", "kiln_cuda.h", "kiln_cuda.cpp"))
 
 STAGES: tuple[Stage, ...] = (
     Stage(
@@ -102,11 +102,10 @@ STAGES: tuple[Stage, ...] = (
         reads=("schedule/schedule.json", "autotune/tuning.json", "lower/signature.json"),
         env=("target", "isa"),
         sources=("tasks/gen_cpp", "tasks/codegen/cpp_kernel.py", "tasks/codegen/cpp_expr.py",
+                 "tasks/codegen/triton_kernel.py", "tasks/codegen/triton_expr.py", "tasks/codegen/ssa.py",
                  "tasks/schedule/model.py", "tasks/schedule/kernel_loops.py", "tasks/ir"),
         entry="tasks.gen_cpp.stage:run",
         publish=("model.json",),
-        targets=("cpu",),
-        planned="cuda: issue #6",
     ),
     Stage(
         "link",
@@ -116,8 +115,6 @@ STAGES: tuple[Stage, ...] = (
         sources=("tasks/link", "tasks/codegen/cpp_build.py", *RUNTIME_FILES),
         entry="tasks.link.stage:run",
         publish=("model.so", "kiln_model.h"),
-        targets=("cpu",),
-        planned="cuda: issue #6",
     ),
 )
 

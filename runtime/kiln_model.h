@@ -55,7 +55,8 @@ int kiln_abi_version(void);
 const char* kiln_last_error(void);
 
 /* Maps the weights file (or copies a tensor that is not aligned) and checks every entry the
- * model needs against the model: name, dtype and shape. */
+ * model needs against the model: name, dtype and shape. A cuda model also loads the CUDA driver
+ * and its kernels, and copies the weights to the GPU. */
 int kiln_model_create(const char* weights_path, KilnModel** model);
 void kiln_model_destroy(KilnModel* model);
 
@@ -66,6 +67,14 @@ void kiln_model_destroy(KilnModel* model);
  * the listed shape, strides and dtype. */
 int kiln_model_run(KilnModel* model, const AtenTensorHandle* inputs, size_t num_inputs,
                    AtenTensorHandle* outputs, size_t num_outputs);
+
+/* A cuda model: inputs and outputs are CUDA tensors on device 0 (a data pointer that is not
+ * 16-byte aligned is copied for an input, refused for an output). kiln_model_run uses torch's
+ * current stream; this takes the stream (a cudaStream_t / CUstream) every kernel, extern and
+ * copy of the run is queued on. The call returns once the work is queued (a cond or while_loop
+ * waits for its predicate). On a cpu model, stream must be NULL. */
+int kiln_model_run_on_stream(KilnModel* model, const AtenTensorHandle* inputs, size_t num_inputs,
+                             AtenTensorHandle* outputs, size_t num_outputs, void* stream);
 
 /* Inputs and outputs: names, shapes, strides and dtypes ("float32", "int64", ...).
  * Pointers stay valid while the model lives. An index out of range gives NULL / 0. */

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "kiln_cpu.h"
+#include "kiln_cuda.h"
 #include "kiln_safetensors.h"
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
 
 namespace kiln {
 
@@ -23,6 +25,15 @@ struct Error : std::runtime_error {
   int status;
   Error(int code, const std::string& what) : std::runtime_error(what), status(code) {}
 };
+
+[[noreturn]] void fail(const std::string& message) { throw Error(KILN_FAILED, message); }
+
+// A cuda model keeps its arenas, weights and staging on the GPU, and calls torch's CUDA kernels.
+bool on_gpu() { return program.num_kernels > 0 || std::string(program.target) == "cuda"; }
+int32_t device_type() { return on_gpu() ? aoti_torch_device_type_cuda() : aoti_torch_device_type_cpu(); }
+
+// The GPU state of the model that runs on this thread (its stream, for predicates).
+thread_local cuda::Device* running_device = nullptr;
 
 // Note: weak, since torch builds before 2.10 do not export it; without it the message says less.
 extern "C" const char* torch_exception_get_what_without_backtrace() __attribute__((weak));
@@ -91,8 +102,12 @@ Block allocate(size_t bytes) {
 
 // -- memory ----------------------------------------------------------------------------------
 
+void copy_on_gpu(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
+                 const int64_t* sizes, int ndim, size_t itemsize);
+
 void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
                          const int64_t* sizes, int ndim, size_t itemsize) {
+  if (on_gpu()) return copy_on_gpu(dst, dst_strides, src, src_strides, sizes, ndim, itemsize);
   if (ndim == 0) {
     std::memcpy(dst, src, itemsize);
     return;
@@ -111,6 +126,11 @@ void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const 
 }
 
 bool truthy(const void* p, DType d) {
+  uint64_t host = 0;  // on the GPU: the predicate's one element, copied once per decision
+  if (on_gpu()) {
+    cuda::copy_to_host(*running_device, &host, p, info(d).itemsize);
+    p = &host;
+  }
   switch (d) {
     case DType::B8: return *static_cast<const bool*>(p);
     case DType::U8: return *static_cast<const uint8_t*>(p) != 0;
@@ -133,29 +153,36 @@ Tensor view(void* data, DType dtype, std::initializer_list<int64_t> sizes,
                    std::initializer_list<int64_t> strides) {
   AtenTensorHandle h = nullptr;
   check(aoti_torch_create_tensor_from_blob(data, static_cast<int64_t>(sizes.size()), sizes.begin(),
-                                           strides.begin(), 0, aoti_dtype(dtype), aoti_torch_device_type_cpu(), 0,
-                                           &h),
+                                           strides.begin(), 0, aoti_dtype(dtype), device_type(), 0, &h),
         "creating a tensor view");
   return Tensor(h);
 }
 
 // -- extern kernels --------------------------------------------------------------------------
 
+// torch's CUDA shim function `fn` by name, looked up in the process (libtorch_cuda is not linked:
+// a cuda model must link on a machine whose torch has no CUDA).
+#define gpu_fn(fn) reinterpret_cast<decltype(&fn)>(cuda::shim_function(#fn))
+
 void mm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
+  if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_mm_out)(out.get(), a.get(), b.get()), what);
   check(aoti_torch_cpu_mm_out(out.get(), a.get(), b.get()), what);
 }
 
 void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
+  if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_bmm_out)(out.get(), a.get(), b.get()), what);
   check(aoti_torch_cpu_bmm_out(out.get(), a.get(), b.get()), what);
 }
 
 void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta, double alpha,
                   const char* what) {
+  if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_addmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
   check(aoti_torch_cpu_addmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
 }
 
 void baddbmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta,
                     double alpha, const char* what) {
+  if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_baddbmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
   check(aoti_torch_cpu_baddbmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
 }
 
@@ -170,7 +197,8 @@ void convolution(const Tensor& out, const Tensor& x, const Tensor& w, const Tens
                         std::initializer_list<int64_t> output_padding, int64_t groups, const char* what) {
   AtenTensorHandle b = bias != nullptr ? bias->get() : nullptr;
   AtenTensorHandle ret = nullptr;
-  check(aoti_torch_cpu_convolution(x.get(), w.get(), bias != nullptr ? &b : nullptr, stride.begin(),
+  auto conv = on_gpu() ? gpu_fn(aoti_torch_cuda_convolution) : aoti_torch_cpu_convolution;
+  check(conv(x.get(), w.get(), bias != nullptr ? &b : nullptr, stride.begin(),
                                    static_cast<int64_t>(stride.size()), padding.begin(),
                                    static_cast<int64_t>(padding.size()), dilation.begin(),
                                    static_cast<int64_t>(dilation.size()), transposed ? 1 : 0,
@@ -241,8 +269,30 @@ Tensor additive_mask(const Tensor& mask, const Tensor& q, const char* what) {
 
 }  // namespace
 
+// Note: on the GPU, torch's memory-efficient attention kernel (it takes an additive mask); its
+// logsumexp and RNG state results are freed unread.
+void attention_on_gpu(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask,
+                      double dropout_p, bool is_causal, const double* scale, const char* what) {
+  AtenTensorHandle m = mask != nullptr ? mask->get() : nullptr;
+  if (mask != nullptr) {
+    int32_t mask_dtype = 0;
+    check(aoti_torch_get_dtype(m, &mask_dtype), what);
+    if (mask_dtype == aoti_torch_dtype_bool())
+      fail(std::string(what) + ": a boolean attention mask is not supported on the cuda target yet");
+  }
+  AtenTensorHandle ret[4] = {nullptr, nullptr, nullptr, nullptr};
+  double s = scale != nullptr ? *scale : 0.0;
+  check(gpu_fn(aoti_torch_cuda__scaled_dot_product_efficient_attention)(
+            q.get(), k.get(), v.get(), mask != nullptr ? &m : nullptr, 0, dropout_p, is_causal ? 1 : 0,
+            scale != nullptr ? &s : nullptr, &ret[0], &ret[1], &ret[2], &ret[3]),
+        what);
+  Tensor lse(ret[1]), seed(ret[2]), offset(ret[3]);
+  take(out, Tensor(ret[0]), what);
+}
+
 void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask,
                       double dropout_p, bool is_causal, const double* scale, const char* what) {
+  if (on_gpu()) return attention_on_gpu(out, q, k, v, mask, dropout_p, is_causal, scale, what);
   Tensor converted;
   if (mask != nullptr) {
     int32_t mask_dtype = 0;
@@ -275,7 +325,73 @@ struct Context {
   std::vector<Block> input_staging;  // per input: where an input with other strides is copied
   std::vector<std::pair<void*, Tensor>> views;  // per view slot: the data it was made for
   std::mutex running;
+  // cuda: the driver's view of the model (its cubins), and GPU memory held as torch tensors.
+  struct CloseDevice {
+    void operator()(cuda::Device* d) const { cuda::close(d); }
+  };
+  std::unique_ptr<cuda::Device, CloseDevice> gpu;
+  std::vector<Tensor> gpu_blocks;  // weights, arenas, scratch and input staging on the GPU
+  std::vector<char*> gpu_staging;  // per input, or null until needed
 };
+
+void launch(Context& ctx, size_t kernel, unsigned grid, void** args, size_t num_args) {
+  cuda::launch(*ctx.gpu, kernel, grid, args, num_args);
+}
+
+// A tensor on the GPU (allocated by torch's caching allocator) that the model keeps.
+char* gpu_alloc(Context& ctx, const TensorSpec* like, size_t bytes) {
+  AtenTensorHandle h = nullptr;
+  int64_t n = static_cast<int64_t>(bytes == 0 ? 1 : bytes), one = 1;
+  if (like != nullptr)
+    check(aoti_torch_empty_strided(like->ndim, like->sizes, like->strides, aoti_dtype(like->dtype),
+                                   aoti_torch_device_type_cuda(), 0, &h),
+          "allocating GPU memory");
+  else
+    check(aoti_torch_empty_strided(1, &n, &one, aoti_torch_dtype_uint8(), aoti_torch_device_type_cuda(), 0, &h),
+          "allocating GPU memory");
+  ctx.gpu_blocks.emplace_back(h);
+  void* data = nullptr;
+  check(aoti_torch_get_data_ptr(h, &data), "reading GPU memory's address");
+  return static_cast<char*>(data);
+}
+
+// Copies a weight from the host (its mapping) into a GPU tensor; returns the GPU address.
+void* upload(Context& ctx, const TensorSpec& w, void* host) {
+  char* dst = gpu_alloc(ctx, &w, 0);
+  AtenTensorHandle src = nullptr;
+  check(aoti_torch_create_tensor_from_blob(host, w.ndim, w.sizes, w.strides, 0, aoti_dtype(w.dtype),
+                                           aoti_torch_device_type_cpu(), 0, &src),
+        "viewing a weight on the host");
+  Tensor from(src);
+  check(aoti_torch_copy_(ctx.gpu_blocks.back().get(), from.get(), 0), "copying a weight to the GPU");
+  return dst;
+}
+
+DType same_size_dtype(size_t itemsize) {
+  switch (itemsize) {
+    case 1: return DType::U8;
+    case 2: return DType::I16;
+    case 4: return DType::I32;
+    default: return DType::I64;
+  }
+}
+
+// Note: strided copies on the GPU go through torch (aten's copy_ on two views, on the model's
+// stream); they only restride control-flow operands and odd inputs.
+void copy_on_gpu(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
+                 const int64_t* sizes, int ndim, size_t itemsize) {
+  AtenTensorHandle d = nullptr, s = nullptr;
+  int32_t dtype = aoti_dtype(same_size_dtype(itemsize));
+  int32_t cuda_type = aoti_torch_device_type_cuda();
+  check(aoti_torch_create_tensor_from_blob(dst, ndim, sizes, dst_strides, 0, dtype, cuda_type, 0, &d),
+        "viewing GPU memory");
+  Tensor dst_view(d);
+  check(aoti_torch_create_tensor_from_blob(const_cast<void*>(src), ndim, sizes, src_strides, 0, dtype, cuda_type, 0,
+                                           &s),
+        "viewing GPU memory");
+  Tensor src_view(s);
+  check(aoti_torch_copy_(dst_view.get(), src_view.get(), 0), "a strided copy on the GPU");
+}
 
 char* arena(Context& ctx, size_t i) { return ctx.arenas[i]; }
 
@@ -312,13 +428,13 @@ void bind_weights(Context& ctx, const char* path) {
       throw Error(KILN_BAD_WEIGHTS, where + " has shape " + shape_text(e->shape.data(), static_cast<int>(e->shape.size())) +
                                         ", the model needs " + shape_text(w.sizes, w.ndim));
     size_t itemsize = info(w.dtype).itemsize;
-    if (reinterpret_cast<uintptr_t>(e->data) % itemsize == 0) {
-      ctx.weights.push_back(const_cast<void*>(e->data));
-      continue;
+    void* host = const_cast<void*>(e->data);
+    if (reinterpret_cast<uintptr_t>(e->data) % itemsize != 0) {
+      ctx.owned.push_back(allocate(e->nbytes));
+      std::memcpy(ctx.owned.back().get(), e->data, e->nbytes);
+      host = ctx.owned.back().get();
     }
-    ctx.owned.push_back(allocate(e->nbytes));
-    std::memcpy(ctx.owned.back().get(), e->data, e->nbytes);
-    ctx.weights.push_back(ctx.owned.back().get());
+    ctx.weights.push_back(on_gpu() ? upload(ctx, w, host) : host);
   }
 }
 
@@ -335,6 +451,15 @@ void check_cpu() {
 }
 
 void allocate_memory(Context& ctx) {
+  ctx.input_staging.resize(program.num_inputs);
+  ctx.gpu_staging.resize(program.num_inputs, nullptr);
+  ctx.views.resize(program.num_views);
+  if (on_gpu()) {
+    for (size_t i = 0; i < program.num_arenas; ++i) ctx.arenas.push_back(gpu_alloc(ctx, nullptr, program.arena_bytes[i]));
+    for (size_t i = 0; i < program.num_scratch; ++i)
+      ctx.scratch_blocks.push_back(gpu_alloc(ctx, nullptr, program.scratch_bytes[i]));
+    return;
+  }
   for (size_t i = 0; i < program.num_arenas; ++i) {
     ctx.owned.push_back(allocate(program.arena_bytes[i]));
     ctx.arenas.push_back(ctx.owned.back().get());
@@ -343,8 +468,6 @@ void allocate_memory(Context& ctx) {
     ctx.owned.push_back(allocate(program.scratch_bytes[i]));
     ctx.scratch_blocks.push_back(ctx.owned.back().get());
   }
-  ctx.input_staging.resize(program.num_inputs);
-  ctx.views.resize(program.num_views);
 }
 
 // The data of a checked tensor; `role` names it in errors ("input 'x'", "output 0").
@@ -363,8 +486,9 @@ void* checked_data(AtenTensorHandle h, const TensorSpec& spec, const std::string
   check(aoti_torch_get_sizes(h, &sizes), "reading a tensor's sizes");
   check(aoti_torch_get_strides(h, &strides), "reading a tensor's strides");
   check(aoti_torch_get_data_ptr(h, &data), "reading a tensor's data");
-  if (device != aoti_torch_device_type_cpu())
-    throw Error(KILN_BAD_ARGUMENT, role + " is not on the CPU; this model was compiled for the cpu target");
+  if (device != device_type())
+    throw Error(KILN_BAD_ARGUMENT, role + (on_gpu() ? " is not on the GPU; this model was compiled for the cuda target"
+                                                    : " is not on the CPU; this model was compiled for the cpu target"));
   if (dtype != aoti_dtype(spec.dtype))
     throw Error(KILN_BAD_ARGUMENT, role + " has the wrong dtype: the model needs " + info(spec.dtype).torch_name);
   bool same = ndim == spec.ndim;
@@ -377,7 +501,12 @@ void* checked_data(AtenTensorHandle h, const TensorSpec& spec, const std::string
   if (!laid_out && !any_strides)
     throw Error(KILN_BAD_ARGUMENT, role + " has strides " + shape_text(strides, spec.ndim) + ", the model needs " +
                                        shape_text(spec.strides, spec.ndim));
-  *strides_out = laid_out ? nullptr : strides;
+  // Note: cubins assume 16-byte aligned pointers (their loads are vectorized): an unaligned input
+  // is staged like a restrided one; an unaligned output is refused.
+  bool aligned = !on_gpu() || reinterpret_cast<uintptr_t>(data) % 16 == 0;
+  if (!aligned && !any_strides)
+    throw Error(KILN_BAD_ARGUMENT, role + " is not 16-byte aligned (a slice?); pass a tensor of its own");
+  *strides_out = laid_out && aligned ? nullptr : strides;
   return data;
 }
 
@@ -386,20 +515,49 @@ void* input_data(Context& ctx, size_t i, AtenTensorHandle h) {
   const int64_t* strides = nullptr;
   void* data = checked_data(h, spec, std::string("input '") + spec.name + "'", true, &strides);
   if (strides == nullptr) return data;
-  if (!ctx.input_staging[i]) ctx.input_staging[i] = allocate(nbytes(spec));
-  copy_strided(ctx.input_staging[i].get(), spec.strides, data, strides, spec.sizes, spec.ndim, info(spec.dtype).itemsize);
-  return ctx.input_staging[i].get();
+  void* staging = nullptr;
+  if (on_gpu()) {
+    if (ctx.gpu_staging[i] == nullptr) ctx.gpu_staging[i] = gpu_alloc(ctx, &spec, 0);
+    staging = ctx.gpu_staging[i];
+  } else {
+    if (!ctx.input_staging[i]) ctx.input_staging[i] = allocate(nbytes(spec));
+    staging = ctx.input_staging[i].get();
+  }
+  copy_strided(staging, spec.strides, data, strides, spec.sizes, spec.ndim, info(spec.dtype).itemsize);
+  return staging;
 }
 
 Tensor new_output(const TensorSpec& spec) {
   AtenTensorHandle h = nullptr;
-  check(aoti_torch_empty_strided(spec.ndim, spec.sizes, spec.strides, aoti_dtype(spec.dtype),
-                                 aoti_torch_device_type_cpu(), 0, &h),
+  check(aoti_torch_empty_strided(spec.ndim, spec.sizes, spec.strides, aoti_dtype(spec.dtype), device_type(), 0, &h),
         "allocating an output");
   return Tensor(h);
 }
 
+void run_graphs(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTensorHandle* outputs,
+                size_t num_outputs);
+
+// A run on the GPU: every kernel, extern and copy on one stream (the caller's, or torch's current).
 void run(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTensorHandle* outputs,
+         size_t num_outputs, void* stream, bool stream_given) {
+  if (!on_gpu()) {
+    if (stream_given && stream != nullptr) throw Error(KILN_BAD_ARGUMENT, "a cpu model takes no CUDA stream");
+    return run_graphs(ctx, inputs, num_inputs, outputs, num_outputs);
+  }
+  if (!stream_given) stream = cuda::torch_current_stream();
+  cuda::StreamGuard guard(stream, 0);
+  cuda::set_stream(*ctx.gpu, stream);
+  running_device = ctx.gpu.get();
+  try {
+    run_graphs(ctx, inputs, num_inputs, outputs, num_outputs);
+  } catch (...) {
+    running_device = nullptr;
+    throw;
+  }
+  running_device = nullptr;
+}
+
+void run_graphs(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTensorHandle* outputs,
                 size_t num_outputs) {
   if (num_inputs != program.num_inputs)
     throw Error(KILN_BAD_ARGUMENT, "the model takes " + std::to_string(program.num_inputs) + " inputs, got " +
@@ -479,6 +637,7 @@ int kiln_model_create(const char* weights_path, KilnModel** model) {
     if (weights_path == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "weights_path is NULL");
     kiln::check_cpu();
     auto made = std::make_unique<KilnModel>();
+    if (kiln::on_gpu()) made->ctx.gpu.reset(kiln::cuda::open(kiln::program));  // the driver first: its error is clearest
     kiln::bind_weights(made->ctx, weights_path);
     kiln::allocate_memory(made->ctx);
     *model = made.release();
@@ -491,7 +650,15 @@ int kiln_model_run(KilnModel* model, const AtenTensorHandle* inputs, size_t num_
                    size_t num_outputs) {
   return kiln::guarded([&] {
     if (model == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "model is NULL");
-    kiln::run(model->ctx, inputs, num_inputs, outputs, num_outputs);
+    kiln::run(model->ctx, inputs, num_inputs, outputs, num_outputs, nullptr, false);
+  });
+}
+
+int kiln_model_run_on_stream(KilnModel* model, const AtenTensorHandle* inputs, size_t num_inputs,
+                             AtenTensorHandle* outputs, size_t num_outputs, void* stream) {
+  return kiln::guarded([&] {
+    if (model == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "model is NULL");
+    kiln::run(model->ctx, inputs, num_inputs, outputs, num_outputs, stream, true);
   });
 }
 

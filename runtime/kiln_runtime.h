@@ -31,6 +31,15 @@ struct TensorSpec {
   int64_t strides[kMaxDims];
 };
 
+// A Triton kernel of a cuda model: its cubin (linked into model.so) and how to launch it.
+struct CubinKernel {
+  const char* name;            // k12_red_native_layer_norm, for errors
+  const unsigned char* image;  // the cubin
+  const char* function;        // its entry point
+  unsigned num_warps;
+  unsigned shared;  // bytes of dynamic shared memory
+};
+
 struct Context;
 using GraphFn = void (*)(Context&, void* const* args, void* const* results);
 
@@ -49,6 +58,8 @@ struct Program {
   GraphFn main;  // args: inputs then weights; results: outputs
   const char* target;
   const char* isa;  // the x86-64 level the kernels were compiled for: "x86-64" or "x86-64-v3"
+  const CubinKernel* kernels;  // cuda: every kernel the graphs launch; cpu: none
+  size_t num_kernels;
 };
 
 // Defined by the generated wrapper.
@@ -66,6 +77,10 @@ void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const 
                   const int64_t* sizes, int ndim, size_t itemsize);
 
 bool truthy(const void* p, DType d);
+
+// cuda: launches program.kernels[kernel] on the model's stream; `args` holds the address of each
+// argument in the kernel's signature order (pointers, then xnumel and rnumel).
+void launch(Context& ctx, size_t kernel, unsigned grid, void** args, size_t num_args);
 
 // Throws (with `what` in the message) when a shim call failed.
 void check(AOTITorchError err, const char* what);

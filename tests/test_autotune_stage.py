@@ -51,9 +51,10 @@ def test_one_layer_edit_retunes_only_its_kernels(project: Path, tmp_path: Path) 
     assert rows["autotune"]["note"] == "3 kernels tuned (2 cached)"
 
 
-def test_the_cuda_wrapper_is_reported_as_not_built_yet(project: Path, tmp_path: Path) -> None:
+def test_the_cuda_target_builds_and_links_through_the_cli(project: Path, tmp_path: Path) -> None:
     kiln(["compile", "toy", "--target", "cuda"], tmp_path / "cache", cwd=project)
     rows = _rows(project)
     assert rows["autotune"]["status"] == "ran"
-    assert rows["gen-cpp"]["status"] == "not built"
-    assert "issue #6" in rows["gen-cpp"]["note"]
+    assert rows["gen-cpp"]["status"] == "ran"
+    assert rows["link"]["status"] == "ran"
+    assert (project / "build" / "toy" / "model.so").is_file()

@@ -143,8 +143,10 @@ def test_tune_py_by_hand_tunes_the_kernels_named(cache: Cache, tmp_path: Path) -
 def test_cubins_assume_aligned_pointers_and_say_which_ints_divide_by_16() -> None:
     from tasks.tune.cuda_tune import compile_attrs
 
-    entry = {"signature": {"in0": "*fp32", "out0": "*fp16", "xnumel": "i32", "rnumel": "i32",
-                           "XBLOCK": "constexpr", "RBLOCK": "constexpr"}, "xnumel": 4096, "rnumel": 33}
+    # kernels.json keeps the signature's keys sorted; positions come from the function
+    entry = {"signature": {"RBLOCK": "constexpr", "XBLOCK": "constexpr", "in0": "*fp32", "out0": "*fp16",
+                           "rnumel": "i32", "xnumel": "i32"}, "xnumel": 4096, "rnumel": 33}
+    args = ["in0", "out0", "xnumel", "rnumel", "XBLOCK", "RBLOCK"]
     divisible = [["tt.divisibility", 16]]
-    assert compile_attrs(entry) == {(0,): divisible, (1,): divisible, (2,): divisible}
-    assert (3,) in compile_attrs(entry | {"rnumel": 768})
+    assert compile_attrs(entry, args) == {(0,): divisible, (1,): divisible, (2,): divisible}
+    assert (3,) in compile_attrs(entry | {"rnumel": 768}, args)

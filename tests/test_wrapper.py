@@ -82,3 +82,32 @@ def test_golden_wrappers(name: str) -> None:
         if not os.environ.get("KILN_UPDATE_GOLDEN"):
             pytest.fail(f"wrote missing golden file {path}; rerun")
     assert text == path.read_text(), f"{path} differs; KILN_UPDATE_GOLDEN=1 rewrites it"
+
+
+def _default_decisions(schedule: Any) -> dict[str, Any]:
+    """What an untuned autotune decides: each kernel's default variant and config."""
+    from tasks.codegen.triton_kernel import configs, kernel_name, triton_variants
+
+    decisions = {}
+    for k in schedule.kernels:
+        variant = triton_variants(k)[0]
+        config = configs(k, variant)[0]
+        facts = {"name": f"{kernel_name(k)}_{variant.kind}", "num_warps": config["num_warps"], "shared": 0}
+        decisions[k.key] = {"variant": variant.kind, "config": config, "launch": facts}
+    return decisions
+
+
+@pytest.mark.parametrize("name", ["linear_gelu_layernorm", "cond", "while_transpose", "attention_bool_mask"])
+def test_golden_cuda_wrappers(name: str) -> None:
+    """The cuda wrapper: Triton launches (argument addresses, grid, kernel table), the rest as on
+    the cpu target."""
+    fn, inputs = CASES[name]
+    schedule = compile_fn(fn, *inputs).schedule
+    text = wrapper_source(schedule, "cuda", "x86-64", _default_decisions(schedule))
+    assert "kiln::launch(ctx" in text or not schedule.kernels
+    path = GOLDEN / f"{name}.cuda.cpp"
+    if os.environ.get("KILN_UPDATE_GOLDEN") or not path.exists():
+        path.write_text(text)
+        if not os.environ.get("KILN_UPDATE_GOLDEN"):
+            pytest.fail(f"wrote missing golden file {path}; rerun")
+    assert text == path.read_text(), f"{path} differs; KILN_UPDATE_GOLDEN=1 rewrites it"

@@ -52,7 +52,8 @@ def run(job: StageJob) -> Mapping[str, Any]:
         records, used, hits = _store(spec, parts, fresh, made, items, job.out_dir / CUBINS)
     seconds = time.perf_counter() - started
     decisions = {key: {k: r.get(k) for k in ("variant", "function", "config", "tuned")}
-                 | {"cubin": digest_file(job.out_dir / CUBINS / f"{key[:16]}.cubin")}
+                 | {"cubin": digest_file(job.out_dir / CUBINS / f"{key[:16]}.cubin"),
+                    "launch": json.loads((job.out_dir / CUBINS / f"{key[:16]}.json").read_text())}
                  for key, r in records.items()}
     (job.out_dir / "tuning.json").write_text(pretty_json(decisions))
     (job.out_dir / "timings.json").write_text(pretty_json(records))

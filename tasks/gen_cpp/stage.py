@@ -27,7 +27,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     signature = json.loads(job.input("lower/signature.json").read_text())
     target = job.env["target"]
     try:
-        source = wrapper_source(schedule, target, job.env["isa"])
+        source = wrapper_source(schedule, target, job.env["isa"], tuning if target == "cuda" else None)
     except WrapperError as err:
         raise KilnError(f"model {job.model!r}: {err}") from None
     (job.out_dir / WRAPPER).write_text(source)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.codegen.cpp_kernel import param_decl
+from tasks.codegen.triton_kernel import TritonVariant, grid, kernel_name, rnumel, tile_split, xnumel
 from tasks.ir.dtypes import DType
 from tasks.ir.nodes import Buffer, BufferKind, Extern, ExternOp, Fallback, View, contiguous_strides
 from tasks.schedule.model import (
@@ -79,12 +80,15 @@ class Layout:
 @dataclass
 class WrapperWriter:
     schedule: Schedule
+    target: str = "cpu"
+    tuning: Mapping[str, Any] = field(default_factory=dict)  # cuda: kernel key -> decision and launch facts
     functions: list[list[str]] = field(default_factory=list)
     arenas: list[int] = field(default_factory=list)
     scratch: list[int] = field(default_factory=list)
     kernels: dict[str, Kernel] = field(default_factory=dict)  # key -> a kernel with it
     fallbacks: int = 0
     views: int = 0  # view slots (kiln::view(ctx, slot, ...))
+    launched: list[str] = field(default_factory=list)  # cuda: kernel keys in program.kernels order
 
     def graph(self, g: ScheduledGraph, args: Sequence[str] | None = None) -> int:
         """Adds graph_<i>; returns i. `args[k]` names where graph input k comes from."""
@@ -117,8 +121,31 @@ class WrapperWriter:
 
     def kernel_call(self, k: Kernel, names: GraphNames) -> list[str]:
         self.kernels.setdefault(k.key, k)
+        if self.target == "cuda":
+            return self.launch(k, names)
         args = [f"static_cast<{_pointer_type(p.spec, p.role)}>({names[p.buffer]})" for p in k.params]
         return [f"// {k.name}: {', '.join(k.origins)}"[:120], f"{function_for(k.key)}({', '.join(args)});"]
+
+    def launch(self, k: Kernel, names: GraphNames) -> list[str]:
+        """A Triton kernel's launch: its arguments' addresses, in the cubin's signature order."""
+        decision = self.tuning.get(k.key)
+        if decision is None:
+            raise WrapperError(f"kernel {k.name} has no tuning decision")
+        index = self.kernel_index(k.key)
+        grid = launch_grid(k, decision)
+        pointers = ", ".join(f"&{names[p.buffer]}" for p in k.params)
+        sizes = f"{xnumel(k)}, {max(1, rnumel(k))}"
+        return [f"{{  // {k.name}: {', '.join(k.origins)}"[:120],
+                f"  int32_t n[] = {{{sizes}}};  // xnumel, rnumel",
+                f"  void* a[] = {{{pointers}{', ' if pointers else ''}&n[0], &n[1]}};",
+                f"  kiln::launch(ctx, {index}, {grid}, a, {len(k.params) + 2});",
+                "}"]
+
+    def kernel_index(self, key: str) -> int:
+        """Kernels are numbered in the order of their first launch."""
+        if key not in self.launched:
+            self.launched.append(key)
+        return self.launched.index(key)
 
     def fallback(self, node: Fallback, names: GraphNames) -> list[str]:
         self.fallbacks += 1
@@ -394,7 +421,32 @@ def _table(ctype: str, name: str, rows: list[str]) -> list[str]:
     return [f"const {ctype} {name}[] = {{", *rows, "};"]
 
 
-def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64") -> str:
+def launch_grid(k: Kernel, decision: Mapping[str, Any]) -> int:
+    """Programs to launch for the tuned variant and config (tune.py's grid, the same formula)."""
+    name = decision["variant"]
+    variant = TritonVariant(name, tile_split(k) if name == "tiled" else 0)
+    facts = decision.get("launch", {})
+    if facts.get("global_scratch_size") or facts.get("profile_scratch_size"):
+        raise WrapperError(f"kernel {k.name} needs Triton scratch memory, which kiln's launcher lacks")
+    return grid(k, variant, decision["config"])[0]
+
+
+def cubin_symbol(key: str) -> str:
+    """The symbol link gives kernel `key`'s cubin (an .incbin of autotune's cubins/<key16>.cubin)."""
+    return f"kiln_cubin_{key[:16]}"
+
+
+def _kernel_table(w: WrapperWriter) -> list[str]:
+    rows = []
+    for key in w.launched:
+        k, facts = w.kernels[key], w.tuning[key]["launch"]
+        rows.append(f"  {{{json.dumps(kernel_name(k))}, {cubin_symbol(key)}, {json.dumps(facts['name'])}, "
+                    f"{int(facts['num_warps'])}, {int(facts['shared'])}}},")
+    return _table("kiln::CubinKernel", "kKernels", rows)
+
+
+def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64",
+                   tuning: Mapping[str, Any] | None = None) -> str:
     main = schedule.main
     users = [b for b in main.inputs if b.kind is not BufferKind.WEIGHT]
     weights = [b for b in main.inputs if b.kind is BufferKind.WEIGHT]
@@ -402,7 +454,7 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64")
         if b.stride != contiguous_strides(b.shape) and b.numel > 1:
             raise WrapperError(f"weight {b.name} has strides {b.stride}; weights files hold contiguous ones")
     order = {b.name: i for i, b in enumerate([*users, *weights])}
-    writer = WrapperWriter(schedule)
+    writer = WrapperWriter(schedule, target, tuning or {})
     writer.graph(main, [f"args[{order[b.name]}]" for b in main.inputs])
     produced = {b.name: b for b in main.buffers}
     outputs = [produced[name] for name in main.outputs]
@@ -415,6 +467,7 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64")
     lines += _table("kiln::TensorSpec", "kOutputs", outs)
     lines += [f"const size_t kArenas[] = {_ints(writer.arenas)};"]
     lines += _table("size_t", "kScratch", [f"  {n}," for n in writer.scratch])
+    lines += _kernel_table(writer)
     counts = (len(users), len(weights), len(outputs), len(writer.arenas), len(writer.scratch), writer.views)
     lines += [
         "",
@@ -422,8 +475,9 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64")
         "",
         "namespace kiln {",
         "const Program program = {{kInputs, {}, kWeights, {}, kOutputs, {},".format(*counts[:3]),
-        "                         kArenas, {}, kScratch, {}, {}, graph_0, {}, {}}};".format(
+        "                         kArenas, {}, kScratch, {}, {}, graph_0, {}, {},".format(
             *counts[3:], json.dumps(target), json.dumps(isa)),
+        f"                         kKernels, {len(writer.launched)}}};",
         "}  // namespace kiln",
         "",
     ]
@@ -432,8 +486,11 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64")
 
 def _preamble(w: WrapperWriter) -> list[str]:
     """Includes, the kernels' prototypes and every graph function's declaration."""
-    prototypes = [f"void {function_for(key)}({', '.join(param_decl(p.spec, p.role) for p in k.params)});"
-                  for key, k in sorted(w.kernels.items())]
+    if w.target == "cuda":
+        prototypes = [f"extern const unsigned char {cubin_symbol(key)}[];" for key in sorted(w.launched)]
+    else:
+        prototypes = [f"void {function_for(key)}({', '.join(param_decl(p.spec, p.role) for p in k.params)});"
+                      for key, k in sorted(w.kernels.items())]
     return [
         "// The wrapper of a model compiled by kiln (generated by tasks/gen_cpp; do not edit).",
         '#include "kiln_runtime.h"',

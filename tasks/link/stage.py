@@ -35,31 +35,61 @@ from tasks.codegen.cpp_build import (
 
 MODEL_SO = "model.so"
 HEADER = "kiln_model.h"
-RUNTIME_SOURCES = ("kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h")
+RUNTIME_SOURCES = ("kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h",
+                   "kiln_cuda.h", "kiln_cuda.cpp")
+RUNTIME_UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp")
 
 
 def run(job: StageJob) -> Mapping[str, Any]:
     wrapper = job.input("gen-cpp/wrapper.cpp")
     tuning = job.input("autotune/tuning.json")
     keys = sorted(json.loads(tuning.read_text()))
-    objects = [tuning.parent / "objects" / f"{key[:16]}.o" for key in keys]
     cxx = compiler()
     out = job.out_dir
     with tempfile.TemporaryDirectory() as tmp:
+        if job.env["target"] == "cuda":
+            objects = [_cubins_object(cxx, [tuning.parent / "cubins" / f"{key[:16]}.cubin" for key in keys],
+                                      Path(tmp))]
+        else:
+            objects = [tuning.parent / "objects" / f"{key[:16]}.o" for key in keys]
         wrapper_o = Path(tmp) / "wrapper.o"
         with ThreadPoolExecutor(max_workers=2) as pool:
-            runtime = pool.submit(_runtime_object, job.items(), cxx, job.env)
+            runtime = pool.submit(_runtime_objects, job.items(), cxx, job.env)
             compiled = pool.submit(_compile_wrapper, cxx, wrapper, wrapper_o, job.env["isa"])
             compiled.result()
-            runtime_o, hit, used = runtime.result()
+            runtime_os, hit, used = runtime.result()
         try:
-            run_compiler([cxx, *LINK_FLAGS, str(wrapper_o), str(runtime_o), *map(str, objects),
-                          "-o", str(out / MODEL_SO), f"-L{torch_lib()}", *TORCH_LIBS])
+            run_compiler([cxx, *LINK_FLAGS, str(wrapper_o), *map(str, runtime_os), *map(str, objects),
+                          "-o", str(out / MODEL_SO), f"-L{torch_lib()}", *TORCH_LIBS, "-ldl"])
         except RuntimeError as err:
             raise KilnError(f"model {job.model!r}: linking model.so failed: {err}") from None
     shutil.copyfile(RUNTIME / HEADER, out / HEADER)
-    note = f"{len(objects)} kernel objects; runtime {'cached' if hit else 'compiled'}"
-    return {"kernels": len(objects), "runtime_cached": hit, "items": [used], "summary": note}
+    what = f"{len(keys)} cubins" if job.env["target"] == "cuda" else f"{len(keys)} kernel objects"
+    note = f"{what}; runtime {'cached' if hit else 'compiled'}"
+    return {"kernels": len(keys), "runtime_cached": hit, "items": [used], "summary": note}
+
+
+def _cubins_object(cxx: str, cubins: list[Path], tmp: Path) -> Path:
+    """One object holding every cubin, each under the symbol the wrapper's kernel table names.
+
+    Note: assembled with .incbin from names relative to the folder it runs in, so the object
+    holds no path and the bytes of the cubins only.
+    """
+    from tasks.gen_cpp.wrapper import cubin_symbol
+
+    lines = ['.section .note.GNU-stack,"",@progbits', ".section .rodata"]
+    for path in cubins:
+        key = path.stem
+        shutil.copyfile(path, tmp / f"{key}.cubin")
+        symbol = cubin_symbol(key)
+        lines += [f".global {symbol}", f".type {symbol}, @object", ".balign 64", f"{symbol}:",
+                  f'.incbin "{key}.cubin"', f".size {symbol}, . - {symbol}"]
+    (tmp / "cubins.S").write_text("\n".join(lines) + "\n")
+    try:
+        run_compiler([cxx, "-c", "cubins.S", "-o", "cubins.o"], cwd=tmp)
+    except RuntimeError as err:
+        raise KilnError(f"assembling the cubins failed: {err}", "a bug in kiln's link stage") from None
+    return tmp / "cubins.o"
 
 
 def _compile_wrapper(cxx: str, wrapper: Path, out: Path, isa: str) -> None:
@@ -74,15 +104,17 @@ def _compile_wrapper(cxx: str, wrapper: Path, out: Path, isa: str) -> None:
                         "this is a bug in kiln's gen-cpp stage; please report it") from None
 
 
-def _runtime_object(items: ItemCache, cxx: str, env: Mapping[str, str]) -> tuple[Path, bool, str]:
+def _runtime_objects(items: ItemCache, cxx: str, env: Mapping[str, str]) -> tuple[list[Path], bool, str]:
     parts = {"sources": digest_json([[n, digest_file(RUNTIME / n)] for n in RUNTIME_SOURCES]),
              "flags": digest_json([Path(cxx).name, *RUNTIME_FLAGS]), "cxx": env.get("cxx", ""),
              "torch": env.get("torch", "")}
 
     def compute(out: Path) -> dict[str, Any]:
-        run_compiler([cxx, *RUNTIME_FLAGS, f"-I{torch_include()}", "-I.", "-c", "kiln_runtime.cpp",
-                      "-o", str(out / "runtime.o")], cwd=RUNTIME)
+        for unit in RUNTIME_UNITS:
+            run_compiler([cxx, *RUNTIME_FLAGS, f"-I{torch_include()}", "-I.", "-c", unit,
+                          "-o", str(out / unit.replace(".cpp", ".o"))], cwd=RUNTIME)
         return {}
 
     item, hit = items.get_or_compute(parts, compute)
-    return item.file("runtime.o"), hit, f"{item.stage}/{item.key}"
+    objects = [item.file(unit.replace(".cpp", ".o")) for unit in RUNTIME_UNITS]
+    return objects, hit, f"{item.stage}/{item.key}"

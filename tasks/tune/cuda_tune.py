@@ -201,14 +201,15 @@ def save_cubin(kernel: Any, stem: Path) -> None:
     stem.with_suffix(".json").write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
 
 
-def compile_attrs(entry: dict[str, Any]) -> dict[tuple[int, ...], list[list[Any]]]:
+def compile_attrs(entry: dict[str, Any], arg_names: list[str]) -> dict[tuple[int, ...], list[list[Any]]]:
     """The specialization every cubin is compiled with, which the wrapper guarantees: each
-    pointer 16-byte aligned, and xnumel / rnumel marked divisible by 16 where they are."""
+    pointer 16-byte aligned, and xnumel / rnumel marked divisible by 16 where they are.
+    Keys are argument positions (arg_names: the kernel's parameters in order)."""
     values = {"xnumel": entry["xnumel"], "rnumel": entry["rnumel"]}
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for i, (name, kind) in enumerate(entry["signature"].items()):
+    for name, kind in entry["signature"].items():
         if kind.startswith("*") or (name in values and values[name] % 16 == 0):
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            attrs[(arg_names.index(name),)] = [["tt.divisibility", 16]]
     return attrs
 
 
@@ -225,8 +226,9 @@ def compile_cubin(entry: dict[str, Any], folder: Path, function: str, config: di
 
     module = load_module(folder / entry["file"])
     constexprs = {"XBLOCK": config["XBLOCK"], "RBLOCK": config["RBLOCK"]}
-    source = triton.compiler.ASTSource(fn=getattr(module, function), signature=entry["signature"],
-                                       constexprs=constexprs, attrs=compile_attrs(entry))
+    fn = getattr(module, function)
+    source = triton.compiler.ASTSource(fn=fn, signature=entry["signature"], constexprs=constexprs,
+                                       attrs=compile_attrs(entry, list(fn.arg_names)))
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     save_cubin(triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options), stem)
 

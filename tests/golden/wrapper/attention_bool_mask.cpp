@@ -39,10 +39,12 @@ const kiln::TensorSpec kOutputs[] = {
 };
 const size_t kArenas[] = {0};
 const size_t* const kScratch = nullptr;
+const kiln::CubinKernel* const kKernels = nullptr;
 
 }  // namespace
 
 namespace kiln {
 const Program program = {kInputs, 4, kWeights, 0, kOutputs, 1,
-                         kArenas, 1, kScratch, 0, 5, graph_0, "cpu", "x86-64"};
+                         kArenas, 1, kScratch, 0, 5, graph_0, "cpu", "x86-64",
+                         kKernels, 0};
 }  // namespace kiln

@@ -56,10 +56,12 @@ const kiln::TensorSpec kOutputs[] = {
 };
 const size_t kArenas[] = {64, 0, 0};
 const size_t* const kScratch = nullptr;
+const kiln::CubinKernel* const kKernels = nullptr;
 
 }  // namespace
 
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 0, kOutputs, 1,
-                         kArenas, 3, kScratch, 0, 0, graph_0, "cpu", "x86-64"};
+                         kArenas, 3, kScratch, 0, 0, graph_0, "cpu", "x86-64",
+                         kKernels, 0};
 }  // namespace kiln

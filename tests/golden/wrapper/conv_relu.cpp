@@ -42,10 +42,12 @@ const kiln::TensorSpec kOutputs[] = {
 };
 const size_t kArenas[] = {2048};
 const size_t* const kScratch = nullptr;
+const kiln::CubinKernel* const kKernels = nullptr;
 
 }  // namespace
 
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 2, kOutputs, 1,
-                         kArenas, 1, kScratch, 0, 4, graph_0, "cpu", "x86-64"};
+                         kArenas, 1, kScratch, 0, 4, graph_0, "cpu", "x86-64",
+                         kKernels, 0};
 }  // namespace kiln

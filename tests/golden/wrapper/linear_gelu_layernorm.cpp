@@ -45,10 +45,12 @@ const kiln::TensorSpec kOutputs[] = {
 };
 const size_t kArenas[] = {512};
 const size_t* const kScratch = nullptr;
+const kiln::CubinKernel* const kKernels = nullptr;
 
 }  // namespace
 
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 4, kOutputs, 1,
-                         kArenas, 1, kScratch, 0, 3, graph_0, "cpu", "x86-64"};
+                         kArenas, 1, kScratch, 0, 3, graph_0, "cpu", "x86-64",
+                         kKernels, 0};
 }  // namespace kiln

@@ -80,10 +80,12 @@ const size_t kScratch[] = {
   144,
   1,
 };
+const kiln::CubinKernel* const kKernels = nullptr;
 
 }  // namespace
 
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 1, kOutputs, 1,
-                         kArenas, 3, kScratch, 5, 0, graph_0, "cpu", "x86-64"};
+                         kArenas, 3, kScratch, 5, 0, graph_0, "cpu", "x86-64",
+                         kKernels, 0};
 }  // namespace kiln

@@ -1,0 +1,177 @@
+// kiln_cuda.cpp: the CUDA driver API through dlopen, the model's cubins, and kernel launches.
+#include "kiln_cuda.h"
+
+#include <dlfcn.h>
+
+#include <memory>
+#include <vector>
+
+namespace kiln {
+
+[[noreturn]] void fail(const std::string& message);  // kiln_runtime.cpp: throws kiln::Error
+
+namespace cuda {
+namespace {
+
+// The few driver types kiln uses, declared here so no cuda.h is needed to build a model.
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = struct CUctx_st*;
+using CUmodule = struct CUmod_st*;
+using CUfunction = struct CUfunc_st*;
+using CUstream = struct CUstream_st*;
+using CUdeviceptr = unsigned long long;  // NOLINT(runtime/int): the driver's own type
+constexpr int kMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+constexpr unsigned kDefaultSharedLimit = 48 * 1024;
+
+struct Driver {
+  CUresult (*cuInit)(unsigned) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*cuModuleUnload)(CUmodule) = nullptr;
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int) = nullptr;
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void**, void**) = nullptr;
+  CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream) = nullptr;
+  CUresult (*cuStreamSynchronize)(CUstream) = nullptr;
+  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
+};
+
+// Note: looked up by the names cuda.h's macros expand to (cuMemcpyDtoHAsync_v2, ...): the bare
+// names are the old 32-bit entry points.
+template <class F>
+void resolve(void* lib, F& fn, const char* name) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (fn == nullptr) fail(std::string("the CUDA driver lacks ") + name + "; update the NVIDIA driver");
+}
+
+const Driver& driver() {
+  static const Driver loaded = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr)
+      fail(std::string("this model runs on a CUDA GPU, and the CUDA driver (libcuda.so.1) cannot be loaded: ") +
+           dlerror() + "; run it on a machine with an NVIDIA GPU and driver, or compile it with --target cpu");
+    Driver d;
+    resolve(lib, d.cuInit, "cuInit");
+    resolve(lib, d.cuDeviceGet, "cuDeviceGet");
+    resolve(lib, d.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    resolve(lib, d.cuCtxGetCurrent, "cuCtxGetCurrent");
+    resolve(lib, d.cuCtxSetCurrent, "cuCtxSetCurrent");
+    resolve(lib, d.cuModuleLoadData, "cuModuleLoadData");
+    resolve(lib, d.cuModuleUnload, "cuModuleUnload");
+    resolve(lib, d.cuModuleGetFunction, "cuModuleGetFunction");
+    resolve(lib, d.cuFuncSetAttribute, "cuFuncSetAttribute");
+    resolve(lib, d.cuLaunchKernel, "cuLaunchKernel");
+    resolve(lib, d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    resolve(lib, d.cuStreamSynchronize, "cuStreamSynchronize");
+    resolve(lib, d.cuGetErrorString, "cuGetErrorString");
+    return d;
+  }();
+  return loaded;
+}
+
+void check(CUresult r, const std::string& what) {
+  if (r == 0) return;
+  const char* text = nullptr;
+  driver().cuGetErrorString(r, &text);
+  fail(what + ": CUDA error " + std::to_string(r) + " (" + (text ? text : "unknown") + ")");
+}
+
+}  // namespace
+
+struct Device {
+  std::vector<CUmodule> modules;
+  std::vector<CUfunction> functions;
+  CUstream stream = nullptr;
+};
+
+Device* open(const Program& program) {
+  const Driver& d = driver();
+  check(d.cuInit(0), "initializing the CUDA driver");
+  CUcontext ctx = nullptr;
+  check(d.cuCtxGetCurrent(&ctx), "reading the current CUDA context");
+  if (ctx == nullptr) {  // torch has not touched the GPU yet in this process: its primary context
+    CUdevice dev = 0;
+    check(d.cuDeviceGet(&dev, 0), "opening CUDA device 0");
+    check(d.cuDevicePrimaryCtxRetain(&ctx, dev), "retaining CUDA device 0's primary context");
+    check(d.cuCtxSetCurrent(ctx), "making CUDA device 0's context current");
+  }
+  auto device = std::make_unique<Device>();
+  for (size_t i = 0; i < program.num_kernels; ++i) {
+    const CubinKernel& k = program.kernels[i];
+    CUmodule module = nullptr;
+    check(d.cuModuleLoadData(&module, k.image), std::string("loading kernel ") + k.name + "'s cubin");
+    device->modules.push_back(module);
+    CUfunction fn = nullptr;
+    check(d.cuModuleGetFunction(&fn, module, k.function), std::string("finding kernel ") + k.name);
+    if (k.shared > kDefaultSharedLimit)
+      check(d.cuFuncSetAttribute(fn, kMaxDynamicSharedBytes, static_cast<int>(k.shared)),
+            std::string("allowing kernel ") + k.name + " its shared memory");
+    device->functions.push_back(fn);
+  }
+  return device.release();
+}
+
+void close(Device* device) {
+  if (device == nullptr) return;
+  for (CUmodule m : device->modules) driver().cuModuleUnload(m);
+  delete device;
+}
+
+void set_stream(Device& device, void* stream) { device.stream = static_cast<CUstream>(stream); }
+void* stream(Device& device) { return device.stream; }
+
+void launch(Device& device, size_t index, unsigned grid, void** args, size_t num_args) {
+  const CubinKernel& k = program.kernels[index];
+  void* no_scratch = nullptr;  // global and profile scratch: kiln's kernels need none (checked at compile)
+  std::vector<void*> params(args, args + num_args);
+  params.push_back(&no_scratch);
+  params.push_back(&no_scratch);
+  check(driver().cuLaunchKernel(device.functions[index], grid, 1, 1, 32 * k.num_warps, 1, 1, k.shared,
+                                device.stream, params.data(), nullptr),
+        std::string("launching kernel ") + k.name);
+}
+
+void copy_to_host(Device& device, void* host, const void* src, size_t bytes) {
+  check(driver().cuMemcpyDtoHAsync(host, reinterpret_cast<CUdeviceptr>(src), bytes, device.stream),
+        "copying a control-flow predicate to the host");
+  check(driver().cuStreamSynchronize(device.stream), "waiting for a control-flow predicate");
+}
+
+void* shim_function(const char* name) {
+  void* fn = dlsym(RTLD_DEFAULT, name);
+  if (fn == nullptr)
+    fail(std::string("torch's CUDA library does not provide ") + name +
+         " in this process; load a CUDA build of torch (import torch, or link libtorch_cuda) first");
+  return fn;
+}
+
+namespace {
+using StreamGuardCreate = AOTITorchError (*)(void*, int32_t, void**);
+using StreamGuardDelete = AOTITorchError (*)(void*);
+using CurrentStream = AOTITorchError (*)(int32_t, void**);
+}  // namespace
+
+StreamGuard::StreamGuard(void* stream, int32_t device_index) {
+  auto create = reinterpret_cast<StreamGuardCreate>(shim_function("aoti_torch_create_cuda_stream_guard"));
+  kiln::check(create(stream, device_index, &handle), "setting torch's CUDA stream");
+}
+
+StreamGuard::~StreamGuard() {
+  auto remove = reinterpret_cast<StreamGuardDelete>(dlsym(RTLD_DEFAULT, "aoti_torch_delete_cuda_stream_guard"));
+  if (handle != nullptr && remove != nullptr) remove(handle);
+}
+
+void* torch_current_stream() {
+  auto current = reinterpret_cast<CurrentStream>(shim_function("aoti_torch_get_current_cuda_stream"));
+  void* s = nullptr;
+  kiln::check(current(0, &s), "reading torch's current CUDA stream");
+  return s;
+}
+
+}  // namespace cuda
+}  // namespace kiln

@@ -133,12 +133,14 @@ class WrapperWriter:
             raise WrapperError(f"kernel {k.name} has no tuning decision")
         index = self.kernel_index(k.key)
         grid = launch_grid(k, decision)
-        pointers = ", ".join(f"&{names[p.buffer]}" for p in k.params)
+        folded = set(decision.get("launch", {}).get("folded", []))  # constants in the cubin: not passed
+        args = [f"&{names[p.buffer]}" for p in k.params if p.name not in folded]
+        args += [f"&n[{i}]" for i, name in enumerate(("xnumel", "rnumel")) if name not in folded]
         sizes = f"{xnumel(k)}, {max(1, rnumel(k))}"
         return [f"{{  // {k.name}: {', '.join(k.origins)}"[:120],
                 f"  int32_t n[] = {{{sizes}}};  // xnumel, rnumel",
-                f"  void* a[] = {{{pointers}{', ' if pointers else ''}&n[0], &n[1]}};",
-                f"  kiln::launch(ctx, {index}, {grid}, a, {len(k.params) + 2});",
+                f"  void* a[] = {{{', '.join(args)}}};",
+                f"  kiln::launch(ctx, {index}, {grid}, a, {len(args)});",
                 "}"]
 
     def kernel_index(self, key: str) -> int:

@@ -197,8 +197,20 @@ def save_cubin(kernel: Any, stem: Path) -> None:
     stem.with_suffix(".cubin").write_bytes(kernel.asm["cubin"])
     facts = {"name": meta.name, "num_warps": meta.num_warps, "shared": meta.shared,
              "global_scratch_size": getattr(meta, "global_scratch_size", 0),
-             "profile_scratch_size": getattr(meta, "profile_scratch_size", 0)}
+             "profile_scratch_size": getattr(meta, "profile_scratch_size", 0),
+             "folded": _folded_arguments(kernel)}
     stem.with_suffix(".json").write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
+
+
+def _folded_arguments(kernel: Any) -> list[str]:
+    """Arguments the compile made constants (the JIT folds an int equal to 1, rnumel of a
+    pointwise kernel, say): the cubin does not take them, so the wrapper must not pass them."""
+    src = getattr(kernel, "src", None)
+    fn = getattr(src, "fn", None)
+    names = list(getattr(fn, "arg_names", []))
+    paths = [path for path in getattr(src, "constants", {}) if len(path) == 1 and path[0] < len(names)]
+    folded = [names[path[0]] for path in paths]
+    return sorted(name for name in folded if name not in ("XBLOCK", "RBLOCK"))
 
 
 def compile_attrs(entry: dict[str, Any], arg_names: list[str]) -> dict[tuple[int, ...], list[list[Any]]]:

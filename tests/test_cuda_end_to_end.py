@@ -1,0 +1,98 @@
+"""kiln end to end on the GPU (gpu marker; needs CUDA): each reference model compiled for the
+cuda target, loaded and run on the GPU, against eager on the GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.build import Cache, compile_model
+from pipeline.config import load_config
+from pipeline.runner import BuildOptions
+
+pytestmark = pytest.mark.gpu
+
+MODELS = ("mlp", "bert", "gpt2", "resnet18", "convnet", "while")
+NEEDS = {"bert": "transformers", "gpt2": "transformers", "resnet18": "torchvision"}
+
+
+@pytest.fixture(scope="module")
+def gpu_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cache]:
+    cache = Cache.open(tmp_path_factory.mktemp("cuda-e2e") / "cache")
+    yield cache
+    cache.records.close()
+
+
+def _build(name: str, root: Path, cache: Cache) -> Path:
+    if name in NEEDS:
+        pytest.importorskip(NEEDS[name])
+    out = root / name
+    compile_model(load_config(name), BuildOptions("cuda", out), cache)
+    return out
+
+
+def _assert_matches(got: object, want: object) -> None:
+    import torch
+
+    from pipeline.run_model import flat_tensors
+
+    for a, b in zip(flat_tensors(got), flat_tensors(want), strict=True):
+        assert a.is_cuda
+        half = a.dtype in (torch.float16, torch.bfloat16)
+        tol = 1e-2 if half else 1e-4
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def _on_gpu(values: tuple[object, ...]) -> tuple[object, ...]:
+    import torch
+
+    return tuple(v.cuda() if isinstance(v, torch.Tensor) else v for v in values)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_on_the_gpu_matches_eager(name: str, tmp_path: Path, gpu_cache: Cache) -> None:
+    from pipeline.loader import load
+    from pipeline.run_model import eager_model, random_inputs
+
+    out = _build(name, tmp_path, gpu_cache)
+    config = load_config(name)
+    compiled, model = load(out), eager_model(config, out).cuda()
+    for seed in (1, 2):
+        inputs = _on_gpu(random_inputs(config, seed))
+        _assert_matches(compiled(*inputs), model(*inputs))
+
+
+def test_cond_on_the_gpu_takes_both_branches(tmp_path: Path, gpu_cache: Cache) -> None:
+    from pipeline.loader import load
+    from pipeline.run_model import eager_model, random_inputs
+
+    out = _build("cond", tmp_path, gpu_cache)
+    config = load_config("cond")
+    compiled, model = load(out), eager_model(config, out).cuda()
+    (x,) = _on_gpu(random_inputs(config))
+    outcomes = set()
+    for scale in (100.0, -100.0):
+        inputs = (x * scale,)  # type: ignore[operator]
+        outcomes.add(bool(model.proj(*inputs).sum() > 0))
+        _assert_matches(compiled(*inputs), model(*inputs))
+    assert outcomes == {True, False}
+
+
+def test_a_run_on_a_stream_of_the_callers(tmp_path: Path, gpu_cache: Cache) -> None:
+    """A run inside `torch.cuda.stream(s)` queues its work on s (torch's current stream)."""
+    import torch
+
+    from pipeline.loader import load
+    from pipeline.run_model import eager_model, random_inputs
+
+    out = _build("mlp", tmp_path, gpu_cache)
+    config = load_config("mlp")
+    compiled, model = load(out), eager_model(config, out).cuda()
+    inputs = _on_gpu(random_inputs(config))
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    with torch.cuda.stream(stream):
+        got = compiled(*inputs)
+    stream.synchronize()
+    _assert_matches(got, model(*inputs))

@@ -96,3 +96,25 @@ def test_a_run_on_a_stream_of_the_callers(tmp_path: Path, gpu_cache: Cache) -> N
         got = compiled(*inputs)
     stream.synchronize()
     _assert_matches(got, model(*inputs))
+
+
+def test_the_readme_cpp_example_runs_a_cuda_model(tmp_path: Path, gpu_cache: Cache) -> None:
+    import subprocess
+
+    import torch
+
+    from pipeline.config import PROJECT_ROOT
+    from pipeline.loader import load
+    from tasks.codegen.cpp_build import torch_include, torch_lib
+
+    out = _build("mlp", tmp_path, gpu_cache)
+    exe = tmp_path / "run_model"
+    source = PROJECT_ROOT / "examples" / "cpp" / "run_model.cpp"
+    subprocess.run(["g++", "-std=c++17", "-O1", str(source), f"-I{out}", f"-I{torch_include()}",
+                    f"-L{out}", "-l:model.so", f"-L{torch_lib()}", "-Wl,--no-as-needed", "-ltorch_cuda",
+                    "-Wl,--as-needed", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_lib()}",
+                    f"-Wl,-rpath,{out}", "-o", str(exe)], check=True)
+    ran = subprocess.run([str(exe), str(out)], capture_output=True, text=True, check=True)
+    x = ((torch.arange(32 * 64) % 100).float().reshape(32, 64) * 0.01).cuda()
+    want = load(out)(x).cpu()
+    assert float(ran.stdout.split("sum")[1]) == pytest.approx(float(want.double().sum()), rel=1e-4)

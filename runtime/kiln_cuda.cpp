@@ -87,7 +87,33 @@ struct Device {
   std::vector<CUmodule> modules;
   std::vector<CUfunction> functions;
   CUstream stream = nullptr;
+  std::string broken;  // set by an error that leaves the CUDA context unusable
 };
+
+namespace {
+
+// Note: these errors poison the whole CUDA context (every later call fails), so the model says
+// it is unusable instead of failing in some unrelated place. Other errors (a launch out of
+// resources, say) leave it usable.
+bool sticky(CUresult r) { return r == 700 || r == 702 || (r >= 714 && r <= 719); }
+
+void check_on(Device& device, CUresult r, const std::string& what) {
+  if (r == 0) return;
+  try {
+    check(r, what);
+  } catch (...) {
+    if (sticky(r))
+      device.broken = what + " left the GPU in an error state (CUDA error " + std::to_string(r) +
+                      "); destroy this model and create it again in a new process";
+    throw;
+  }
+}
+
+void usable(const Device& device) {
+  if (!device.broken.empty()) fail("this model is unusable: " + device.broken);
+}
+
+}  // namespace
 
 Device* open(const Program& program) {
   const Driver& d = driver();
@@ -126,21 +152,27 @@ void set_stream(Device& device, void* stream) { device.stream = static_cast<CUst
 void* stream(Device& device) { return device.stream; }
 
 void launch(Device& device, size_t index, unsigned grid, void** args, size_t num_args) {
+  usable(device);
   const CubinKernel& k = program.kernels[index];
   void* no_scratch = nullptr;  // global and profile scratch: kiln's kernels need none (checked at compile)
   std::vector<void*> params(args, args + num_args);
   params.push_back(&no_scratch);
   params.push_back(&no_scratch);
-  check(driver().cuLaunchKernel(device.functions[index], grid, 1, 1, 32 * k.num_warps, 1, 1, k.shared,
-                                device.stream, params.data(), nullptr),
-        std::string("launching kernel ") + k.name);
+  // Note: a fault inside a kernel surfaces at a later call unless CUDA_LAUNCH_BLOCKING=1, which
+  // makes this call wait and report it with the kernel's name.
+  check_on(device, driver().cuLaunchKernel(device.functions[index], grid, 1, 1, 32 * k.num_warps, 1, 1, k.shared,
+                                           device.stream, params.data(), nullptr),
+           std::string("kernel ") + k.name);
 }
 
 void copy_to_host(Device& device, void* host, const void* src, size_t bytes) {
-  check(driver().cuMemcpyDtoHAsync(host, reinterpret_cast<CUdeviceptr>(src), bytes, device.stream),
-        "copying a control-flow predicate to the host");
-  check(driver().cuStreamSynchronize(device.stream), "waiting for a control-flow predicate");
+  usable(device);
+  check_on(device, driver().cuMemcpyDtoHAsync(host, reinterpret_cast<CUdeviceptr>(src), bytes, device.stream),
+           "copying a control-flow predicate to the host");
+  check_on(device, driver().cuStreamSynchronize(device.stream), "the kernels before a control-flow predicate");
 }
+
+void check_usable(Device& device) { usable(device); }
 
 void* shim_function(const char* name) {
   void* fn = dlsym(RTLD_DEFAULT, name);

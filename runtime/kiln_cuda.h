@@ -30,6 +30,9 @@ void* stream(Device& device);
 // the two trailing scratch pointers Triton kernels take are appended here.
 void launch(Device& device, size_t index, unsigned grid, void** args, size_t num_args);
 
+// Throws if an earlier CUDA error left the model unusable.
+void check_usable(Device& device);
+
 // Copies `bytes` from device memory to the host on the device's stream and waits for them.
 void copy_to_host(Device& device, void* host, const void* src, size_t bytes);
 

@@ -544,6 +544,7 @@ void run(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTe
     if (stream_given && stream != nullptr) throw Error(KILN_BAD_ARGUMENT, "a cpu model takes no CUDA stream");
     return run_graphs(ctx, inputs, num_inputs, outputs, num_outputs);
   }
+  cuda::check_usable(*ctx.gpu);
   if (!stream_given) stream = cuda::torch_current_stream();
   cuda::StreamGuard guard(stream, 0);
   cuda::set_stream(*ctx.gpu, stream);

@@ -87,6 +87,7 @@ struct Device {
   std::vector<CUmodule> modules;
   std::vector<CUfunction> functions;
   CUstream stream = nullptr;
+  CUcontext context = nullptr;  // device 0's primary context, the one torch uses
   std::string broken;  // set by an error that leaves the CUDA context unusable
 };
 
@@ -127,6 +128,7 @@ Device* open(const Program& program) {
     check(d.cuCtxSetCurrent(ctx), "making CUDA device 0's context current");
   }
   auto device = std::make_unique<Device>();
+  device->context = ctx;
   for (size_t i = 0; i < program.num_kernels; ++i) {
     const CubinKernel& k = program.kernels[i];
     CUmodule module = nullptr;
@@ -148,7 +150,12 @@ void close(Device* device) {
   delete device;
 }
 
-void set_stream(Device& device, void* stream) { device.stream = static_cast<CUstream>(stream); }
+// Note: a context is current per thread, and a model may run on another thread than the one that
+// created it: each run makes the model's context current before it launches anything.
+void set_stream(Device& device, void* stream) {
+  device.stream = static_cast<CUstream>(stream);
+  check(driver().cuCtxSetCurrent(device.context), "making the model's CUDA context current");
+}
 void* stream(Device& device) { return device.stream; }
 
 void launch(Device& device, size_t index, unsigned grid, void** args, size_t num_args) {

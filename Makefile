@@ -37,5 +37,10 @@ bench-lower-schedule: $(VENV)/.ready
 bench-cpu: $(VENV)/.ready
 	$(PY) bench/cpu_backend.py $(MODELS)
 
+# kiln vs eager, torch.compile and AOTInductor on the GPU (the device machine: uses python3 there)
+.PHONY: bench-cuda
+bench-cuda:
+	python3 bench/cuda_backend.py $(MODELS)
+
 clean:
 	rm -rf build

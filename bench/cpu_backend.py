@@ -34,8 +34,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report_table import Columns, pick, ratio, table, tail  # noqa: E402
+
 DEFAULT_MODELS = ("mlp", "bert-small", "gpt2-small")
-_ERROR_CHARS = 2000
 
 # Note: both cold-compile figures are the wall time of a whole fresh process (python start,
 # torch import, building the model, export, compile), since that is what `kiln compile` costs
@@ -55,11 +56,6 @@ def worker_env(threads: int, tmpdir: Path, inductor_cache: Path | None = None) -
     if inductor_cache is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache)
     return env
-
-
-def tail(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return "\n".join(lines[-12:])[-_ERROR_CHARS:]
 
 
 def run_worker(spec: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
@@ -134,7 +130,7 @@ def kiln_compiles(model: str, tmp: Path, opts: argparse.Namespace) -> dict[str, 
         found: dict[str, Any] = {"cold": {"process_s": round(cold_s, 3), **link_row(report)}}
         noop_s, again = kiln_cli(model, tmp, opts)
     except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as err:
-        return {"error": str(err)[-_ERROR_CHARS:]}
+        return {"error": str(err)[-ERROR_CHARS:]}
     statuses = {row["stage"]: row["status"] for row in again["stages"]}
     found["recompile"] = {"process_s": round(noop_s, 3), "stages": statuses}
     return found
@@ -169,19 +165,6 @@ def bench_model(model: str, opts: argparse.Namespace) -> dict[str, Any]:
 # ---- ratios and the table ----
 
 
-def pick(result: dict[str, Any], *keys: str) -> float | None:
-    value: Any = result
-    for key in keys:
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return float(value) if isinstance(value, int | float) else None
-
-
-def ratio(num: float | None, den: float | None) -> float | None:
-    return None if num is None or not den else round(num / den, 3)
-
-
 def ratios(result: dict[str, Any]) -> dict[str, float | None]:
     kiln_ms = pick(result, "kiln", "latency", "median_ms")
     return {
@@ -191,8 +174,6 @@ def ratios(result: dict[str, Any]) -> dict[str, float | None]:
                                              pick(result, "aoti", "cold", "process_s")),
     }
 
-
-Columns = tuple[tuple[str, tuple[str, ...]], ...]
 
 COMPILE_COLUMNS: Columns = (
     ("AOTI cold s", ("aoti", "cold", "process_s")),
@@ -214,22 +195,6 @@ LATENCY_COLUMNS: Columns = (
     ("AOTI max err", ("aoti", "latency", "max_abs_error")),
     ("kiln max err", ("kiln", "latency", "max_abs_error")),
 )
-
-
-def cell(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2e}" if 0 < abs(value) < 1e-3 else f"{value:.3f}"
-
-
-def table(results: list[dict[str, Any]], columns: Columns) -> str:
-    width = max(len("model"), *(len(r["model"]) for r in results))
-    head = "model".ljust(width) + "".join(f"  {name:>15}" for name, _ in columns)
-    lines = [head, "-" * len(head)]
-    for r in results:
-        cells = "".join(f"  {cell(pick(r, *keys)):>15}" for _, keys in columns)
-        lines.append(r["model"].ljust(width) + cells)
-    return "\n".join(lines)
 
 
 def errors(results: list[dict[str, Any]]) -> list[str]:
@@ -336,7 +301,7 @@ def worker(spec: dict[str, Any]) -> None:
     try:
         found = jobs[spec["task"]](spec)
     except Exception as err:  # a failed backend is a result, not the end of the run
-        found = {"error": f"{type(err).__name__}: {err}"[-_ERROR_CHARS:]}
+        found = {"error": f"{type(err).__name__}: {err}"[-ERROR_CHARS:]}
     Path(spec["result"]).write_text(json.dumps(found) + "\n")
 
 

@@ -44,9 +44,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report_table import ERROR_CHARS, Columns, cell, pick, ratio, table, tail  # noqa: E402
+
 DEFAULT_MODELS = ("bert", "gpt2", "resnet18", "mlp")
 COLD_AOTI_MODELS = ("bert",)  # the models that get a cold AOTI compile without --aoti-all
-_ERROR_CHARS = 2000
 _MB = 2**20
 
 # Note: both cold-compile figures are the wall time of a whole fresh process (python start,
@@ -67,11 +68,6 @@ def worker_env(tmp: Path, name: str) -> dict[str, str]:
     (folder / "tmp").mkdir(parents=True, exist_ok=True)  # tempfile ignores a TMPDIR that does not exist
     return dict(os.environ, PYTHONPATH=path, TMPDIR=str(folder / "tmp"),
                 TORCHINDUCTOR_CACHE_DIR=str(folder / "inductor"), TRITON_CACHE_DIR=str(folder / "triton"))
-
-
-def tail(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return "\n".join(lines[-12:])[-_ERROR_CHARS:]
 
 
 def run_worker(spec: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
@@ -130,14 +126,14 @@ def kiln_compiles(model: str, tmp: Path, opts: argparse.Namespace) -> dict[str, 
     try:
         cold_s, report = kiln_cli(model, tmp, opts)
     except _KILN_ERRORS as err:
-        return {"error": f"{type(err).__name__}: {err}"[-_ERROR_CHARS:]}
+        return {"error": f"{type(err).__name__}: {err}"[-ERROR_CHARS:]}
     found: dict[str, Any] = {"cold": {"process_s": round(cold_s, 3), **link_row(report),
                                       "stages": stage_seconds(report)}}
     found["memory"] = compile_memory(tmp / "kiln-out", report)
     try:
         noop_s, again = kiln_cli(model, tmp, opts)
     except _KILN_ERRORS as err:
-        found["recompile"] = {"error": f"{type(err).__name__}: {err}"[-_ERROR_CHARS:]}
+        found["recompile"] = {"error": f"{type(err).__name__}: {err}"[-ERROR_CHARS:]}
         return found
     statuses = {name: row["status"] for name, row in stage_rows(again).items()}
     found["recompile"] = {"process_s": round(noop_s, 3), "stages": statuses}
@@ -150,7 +146,7 @@ def compile_memory(out: Path, report: dict[str, Any]) -> dict[str, Any]:
         records: dict[str, Any] = json.loads((out / "timings.json").read_text())
         weights = weight_bytes(out / "weights.safetensors")
     except (OSError, ValueError, KeyError) as err:
-        return {"error": f"{type(err).__name__}: {err}"[-_ERROR_CHARS:]}
+        return {"error": f"{type(err).__name__}: {err}"[-ERROR_CHARS:]}
     peak = largest_of(records, "peak_bytes")
     largest = largest_of(records, "inputs_bytes")
     note = str(stage_rows(report).get("autotune", {}).get("note") or "")
@@ -214,19 +210,6 @@ def bench_model(model: str, opts: argparse.Namespace, shared: Path) -> dict[str,
 # ---- ratios, the tables and the targets ----
 
 
-def pick(result: dict[str, Any], *keys: str) -> float | None:
-    value: Any = result
-    for key in keys:
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return float(value) if isinstance(value, int | float) else None
-
-
-def ratio(num: float | None, den: float | None) -> float | None:
-    return None if num is None or not den else round(num / den, 3)
-
-
 def ratios(result: dict[str, Any]) -> dict[str, float | None]:
     kiln_ms = pick(result, "kiln", "latency", "median_ms")
     return {
@@ -238,8 +221,6 @@ def ratios(result: dict[str, Any]) -> dict[str, float | None]:
                                              pick(result, "aoti", "cold", "process_s")),
     }
 
-
-Columns = tuple[tuple[str, tuple[str, ...]], ...]
 
 LATENCY_COLUMNS: Columns = (
     ("kiln ms", ("kiln", "latency", "median_ms")),
@@ -261,22 +242,6 @@ COMPILE_COLUMNS: Columns = (
     ("peak/largest", ("kiln", "memory", "peak_over_largest")),
     ("weights MB", ("kiln", "memory", "weight_mb")),
 )
-
-
-def cell(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2e}" if 0 < abs(value) < 1e-3 else f"{value:.3f}"
-
-
-def table(results: list[dict[str, Any]], columns: Columns) -> str:
-    width = max(len("model"), *(len(r["model"]) for r in results))
-    head = "model".ljust(width) + "".join(f"  {name:>14}" for name, _ in columns)
-    lines = [head, "-" * len(head)]
-    for r in results:
-        cells = "".join(f"  {cell(pick(r, *keys)):>14}" for _, keys in columns)
-        lines.append(r["model"].ljust(width) + cells)
-    return "\n".join(lines)
 
 
 def errors(results: list[dict[str, Any]]) -> list[str]:
@@ -434,7 +399,7 @@ def worker(spec: dict[str, Any]) -> None:
     try:
         found = jobs[spec["task"]](spec)
     except Exception as err:  # a failed backend is a result, not the end of the run
-        found = {"error": f"{type(err).__name__}: {err}"[-_ERROR_CHARS:]}
+        found = {"error": f"{type(err).__name__}: {err}"[-ERROR_CHARS:]}
     Path(spec["result"]).write_text(json.dumps(found) + "\n")
 
 
@@ -485,9 +450,9 @@ def main(argv: list[str]) -> int:
     if "error" in found:
         print(f"machine: {found['error']}\n")
     print(f"latency on the GPU (median of {opts.runs} synchronized calls after {opts.warmup})\n"
-          f"{table(results, LATENCY_COLUMNS)}\n")
+          f"{table(results, LATENCY_COLUMNS, width=14)}\n")
     print(f"compile (wall seconds of fresh processes; peak GPU MB of kiln's autotune)\n"
-          f"{table(results, COMPILE_COLUMNS)}")
+          f"{table(results, COMPILE_COLUMNS, width=14)}")
     for line in errors(results):
         print(f"\n{line}")
     print("\ntargets")

@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report_table import Columns, pick, ratio, table, tail  # noqa: E402
+from bench.report_table import ERROR_CHARS, Columns, pick, ratio, table, tail  # noqa: E402
 
 DEFAULT_MODELS = ("mlp", "bert-small", "gpt2-small")
 

@@ -150,3 +150,15 @@ def test_cubins_assume_aligned_pointers_and_say_which_ints_divide_by_16() -> Non
     divisible = [["tt.divisibility", 16]]
     assert compile_attrs(entry, args) == {(0,): divisible, (1,): divisible, (2,): divisible}
     assert (3,) in compile_attrs(entry | {"rnumel": 768}, args)
+
+
+def test_arguments_a_compile_folded_are_recorded_for_the_wrapper() -> None:
+    """The JIT folds an int equal to 1 (a pointwise kernel's rnumel): the cubin lacks it."""
+    from types import SimpleNamespace
+
+    from tasks.tune.cuda_tune import _folded_arguments
+
+    fn = SimpleNamespace(arg_names=["in0", "out0", "xnumel", "rnumel", "XBLOCK", "RBLOCK"])
+    kernel = SimpleNamespace(src=SimpleNamespace(fn=fn, constants={(3,): 1, (4,): 1024, (5,): 1}))
+    assert _folded_arguments(kernel) == ["rnumel"]
+    assert _folded_arguments(object()) == []  # nothing known: nothing folded

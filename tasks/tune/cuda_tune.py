@@ -208,7 +208,9 @@ def _folded_arguments(kernel: Any) -> list[str]:
     src = getattr(kernel, "src", None)
     fn = getattr(src, "fn", None)
     names = list(getattr(fn, "arg_names", []))
-    paths = [path for path in getattr(src, "constants", {}) if len(path) == 1 and path[0] < len(names)]
+    paths = [path for path in getattr(src, "constants", {})
+             if isinstance(path, tuple) and len(path) == 1 and isinstance(path[0], int)
+             and path[0] < len(names)]
     folded = [names[path[0]] for path in paths]
     return sorted(name for name in folded if name not in ("XBLOCK", "RBLOCK"))
 

@@ -165,6 +165,8 @@ def _model_kernels(name: str) -> tuple[Kernel, ...]:
 
     if name.startswith(("bert", "gpt2")):
         pytest.importorskip("transformers")
+    if name == "resnet18":
+        pytest.importorskip("torchvision")
     config = load_config(name)
     model = build_model(config.fields, name, config.project_root)
     c = compile_fn(model, *example_inputs(config.field("inputs"), 0), rtol=1e-3, atol=1e-4)
@@ -180,7 +182,7 @@ def test_every_kernel_of_a_reference_model_matches_interpreted(name: str) -> Non
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["patterns", *REFERENCE_MODELS])
+@pytest.mark.parametrize("name", ["patterns", *REFERENCE_MODELS, "resnet18"])
 def test_every_kernel_matches_the_interpreter_compiled_on_the_gpu(name: str) -> None:
     """What the interpreter checks above (each variant at two configs), compiled with the real
     libdevice and run on the GPU; tuning compares every other config with the default."""

@@ -17,9 +17,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -90,44 +91,64 @@ def _gpu_count() -> int:
 
 def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: Path, made: Path,
                    on_progress: Callable[[int, int], None]) -> dict[str, Any]:
-    """Each kernel's default variant and config, compiled for the arch (in parallel processes:
-    triton's compiler holds the GIL)."""
+    """Each kernel's default variant and config, compiled for the arch: one worker process per
+    core (triton's compiler holds the GIL), each importing triton once for its share."""
+    workers = max(1, min(os.cpu_count() or 1, len(missing)))
+    shares = [missing[w::workers] for w in range(workers)]
+    records: dict[str, Any] = {}
+    lock = threading.Lock()
 
-    def one(entry: dict[str, Any]) -> dict[str, Any]:
-        variant = entry["variants"][0]
-        config = variant["configs"][0]
-        job = json.dumps({"entry": entry, "folder": str(folder), "function": variant["function"],
-                          "config": config, "arch": spec["arch"], "stem": str(made / entry["key"][:16])})
+    def run_share(share: list[dict[str, Any]]) -> None:
+        jobs = [{"entry": e, "folder": str(folder), "function": e["variants"][0]["function"],
+                 "config": e["variants"][0]["configs"][0], "arch": spec["arch"],
+                 "stem": str(made / e["key"][:16])} for e in share]
         env = dict(os.environ, TRITON_DISABLE_LINE_INFO="1")
         env.pop("TRITON_INTERPRET", None)
-        proc = subprocess.run([sys.executable, "-c", _COMPILE_ONE, job], capture_output=True, text=True,
-                              env=env, check=False)
-        if proc.returncode != 0:
-            raise KilnError(f"kernel {entry['kernel']}: its default candidate does not compile for "
-                            f"sm_{spec['arch']}:\n{proc.stderr[-2000:]}",
+        with tempfile.TemporaryFile("w+") as errors:
+            proc = subprocess.Popen([sys.executable, "-c", _COMPILE_SHARE], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+            assert proc.stdin is not None
+            assert proc.stdout is not None
+            proc.stdin.write(json.dumps(jobs))
+            proc.stdin.close()
+            for line in proc.stdout:  # one key per kernel compiled
+                entry = next(e for e in share if e["key"] == line.strip())
+                with lock:
+                    records[entry["key"]] = _untuned_record(entry)
+                    on_progress(len(records), len(missing))
+            status = proc.wait()
+            errors.seek(0)
+            err = errors.read()
+        if status != 0:
+            failed = next(e for e in share if e["key"] not in records)
+            raise KilnError(f"kernel {failed['kernel']}: its default candidate does not compile for "
+                            f"sm_{spec['arch']}:\n{err[-2000:]}",
                             "this is a bug in kiln's Triton code generation; please report it")
-        return {"key": entry["key"], "label": f"{variant['name']}:0", "variant": variant["name"],
-                "function": variant["function"], "config": config, "default": f"{variant['name']}:0",
-                "timings": {}, "errors": {}, "gain": None, "tuned": False}
 
-    records: dict[str, Any] = {}
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for future in as_completed([pool.submit(one, entry) for entry in missing]):
-            record = future.result()
-            records[record["key"]] = record
-            on_progress(len(records), len(missing))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for future in [pool.submit(run_share, share) for share in shares]:
+            future.result()
     return records
 
 
+def _untuned_record(entry: dict[str, Any]) -> dict[str, Any]:
+    variant = entry["variants"][0]
+    label = f"{variant['name']}:0"
+    return {"key": entry["key"], "label": label, "variant": variant["name"], "function": variant["function"],
+            "config": variant["configs"][0], "default": label, "timings": {}, "errors": {}, "gain": None,
+            "tuned": False}
+
+
 _ROOT = str(Path(__file__).resolve().parents[2])
-_COMPILE_ONE = f"""
+_COMPILE_SHARE = f"""
 import json, sys
 from pathlib import Path
 sys.path.insert(0, {_ROOT!r})
 from tasks.tune import cuda_tune
-job = json.loads(sys.argv[1])
-cuda_tune.compile_cubin(job["entry"], Path(job["folder"]), job["function"], job["config"], job["arch"],
-                        Path(job["stem"]))
+for job in json.loads(sys.stdin.read()):
+    cuda_tune.compile_cubin(job["entry"], Path(job["folder"]), job["function"], job["config"], job["arch"],
+                            Path(job["stem"]))
+    print(job["entry"]["key"], flush=True)
 """
 
 

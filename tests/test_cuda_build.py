@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,11 +21,26 @@ from pipeline.runner import BuildOptions
 pytest.importorskip("triton")
 
 
-@pytest.mark.parametrize("name", ["mlp", "cond", "while"])
-def test_a_cuda_model_builds_and_links_without_a_gpu(name: str, cache: Cache, tmp_path: Path) -> None:
-    result = compile_model(load_config(name), BuildOptions("cuda", tmp_path / name), cache)
+@pytest.fixture(scope="module")
+def mlp_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    """One cuda build of mlp, shared by the tests here (each compile cross-compiles its kernels)."""
+    root = tmp_path_factory.mktemp("cuda-build")
+    cache = Cache.open(root / "cache")
+    try:
+        yield compile_model(load_config("mlp"), BuildOptions("cuda", root / "mlp"), cache), root / "mlp"
+    finally:
+        cache.records.close()
+
+
+@pytest.mark.parametrize("name", ["mlp", "while"])
+def test_a_cuda_model_builds_and_links_without_a_gpu(name: str, mlp_build: tuple[Any, Path], cache: Cache,
+                                                      tmp_path: Path) -> None:
+    if name == "mlp":
+        result, _ = mlp_build
+    else:
+        result = compile_model(load_config(name), BuildOptions("cuda", tmp_path / name), cache)
     assert {row.stage: row.status for row in result.rows}["link"] == "ran"
-    so = tmp_path / name / "model.so"
+    so = result.out / "model.so"
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True,
                              check=True).stdout
     assert "kiln_model_run_on_stream" in symbols
@@ -40,22 +57,19 @@ def test_a_cuda_model_builds_and_links_without_a_gpu(name: str, cache: Cache, tm
     assert all(f"kiln_cubin_{key[:16]}" in local for key in keys)
 
 
-def test_cuda_model_so_is_the_same_bytes_when_built_again(tmp_path: Path) -> None:
-    builds = []
-    for run in ("a", "b"):
-        cache = Cache.open(tmp_path / f"cache-{run}")
-        try:
-            compile_model(load_config("mlp"), BuildOptions("cuda", tmp_path / run), cache)
-        finally:
-            cache.records.close()
-        builds.append((tmp_path / run / "model.so").read_bytes())
-    assert builds[0] == builds[1]
+def test_cuda_model_so_is_the_same_bytes_when_built_again(mlp_build: tuple[Any, Path],
+                                                          tmp_path: Path) -> None:
+    cache = Cache.open(tmp_path / "cache")  # a cache of its own: everything built again
+    try:
+        compile_model(load_config("mlp"), BuildOptions("cuda", tmp_path / "again"), cache)
+    finally:
+        cache.records.close()
+    assert (tmp_path / "again" / "model.so").read_bytes() == (mlp_build[1] / "model.so").read_bytes()
 
 
 @pytest.mark.skipif(gpu_visible(), reason="a GPU machine has a driver")
-def test_creating_a_cuda_model_without_a_driver_says_so(cache: Cache, tmp_path: Path) -> None:
+def test_creating_a_cuda_model_without_a_driver_says_so(mlp_build: tuple[Any, Path]) -> None:
     from pipeline.api import load
 
-    compile_model(load_config("mlp"), BuildOptions("cuda", tmp_path / "mlp"), cache)
     with pytest.raises(KilnError, match=r"CUDA driver \(libcuda.so.1\) cannot be loaded"):
-        load(tmp_path / "mlp")
+        load(mlp_build[1])

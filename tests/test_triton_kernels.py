@@ -204,7 +204,7 @@ def test_every_kernel_of_a_reference_model_compiles_for_sm90(name: str) -> None:
     results = compile_sm90(list(kernels))
     errors = [f"{r['name']}: {r['error']}" for r in results if "error" in r]
     assert not errors, "\n".join(errors)
-    assert len(results) == sum(len(triton_variants(k)) for k in kernels)
+    assert len(results) == len(kernels)
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["shared"] >= 0, r

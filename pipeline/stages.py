@@ -112,7 +112,7 @@ STAGES: tuple[Stage, ...] = (
         "model.so against kiln_model.h and torch's stable C shim",
         reads=("gen-cpp/wrapper.cpp", "autotune/tuning.json"),
         env=("target", "cxx", "torch", "isa"),
-        sources=("tasks/link", "tasks/codegen/cpp_build.py", *RUNTIME_FILES),
+        sources=("tasks/link", "tasks/codegen/cpp_build.py", "tasks/gen_cpp/wrapper.py", *RUNTIME_FILES),
         entry="tasks.link.stage:run",
         publish=("model.so", "kiln_model.h"),
     ),

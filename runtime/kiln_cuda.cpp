@@ -162,13 +162,16 @@ void launch(Device& device, size_t index, unsigned grid, void** args, size_t num
   usable(device);
   const CubinKernel& k = program.kernels[index];
   void* no_scratch = nullptr;  // global and profile scratch: kiln's kernels need none (checked at compile)
-  std::vector<void*> params(args, args + num_args);
-  params.push_back(&no_scratch);
-  params.push_back(&no_scratch);
+  constexpr size_t kMaxParams = 256;
+  if (num_args + 2 > kMaxParams) fail(std::string("kernel ") + k.name + " takes too many arguments");
+  void* params[kMaxParams];
+  for (size_t i = 0; i < num_args; ++i) params[i] = args[i];
+  params[num_args] = &no_scratch;
+  params[num_args + 1] = &no_scratch;
   // Note: a fault inside a kernel surfaces at a later call unless CUDA_LAUNCH_BLOCKING=1, which
   // makes this call wait and report it with the kernel's name.
   check_on(device, driver().cuLaunchKernel(device.functions[index], grid, 1, 1, 32 * k.num_warps, 1, 1, k.shared,
-                                           device.stream, params.data(), nullptr),
+                                           device.stream, params, nullptr),
            std::string("kernel ") + k.name);
 }
 
@@ -196,17 +199,19 @@ using CurrentStream = AOTITorchError (*)(int32_t, void**);
 }  // namespace
 
 StreamGuard::StreamGuard(void* stream, int32_t device_index) {
-  auto create = reinterpret_cast<StreamGuardCreate>(shim_function("aoti_torch_create_cuda_stream_guard"));
+  static const auto create =
+      reinterpret_cast<StreamGuardCreate>(shim_function("aoti_torch_create_cuda_stream_guard"));
   kiln::check(create(stream, device_index, &handle), "setting torch's CUDA stream");
 }
 
 StreamGuard::~StreamGuard() {
-  auto remove = reinterpret_cast<StreamGuardDelete>(dlsym(RTLD_DEFAULT, "aoti_torch_delete_cuda_stream_guard"));
+  static const auto remove =
+      reinterpret_cast<StreamGuardDelete>(dlsym(RTLD_DEFAULT, "aoti_torch_delete_cuda_stream_guard"));
   if (handle != nullptr && remove != nullptr) remove(handle);
 }
 
 void* torch_current_stream() {
-  auto current = reinterpret_cast<CurrentStream>(shim_function("aoti_torch_get_current_cuda_stream"));
+  static const auto current = reinterpret_cast<CurrentStream>(shim_function("aoti_torch_get_current_cuda_stream"));
   void* s = nullptr;
   kiln::check(current(0, &s), "reading torch's current CUDA stream");
   return s;

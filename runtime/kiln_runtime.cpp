@@ -29,7 +29,10 @@ struct Error : std::runtime_error {
 [[noreturn]] void fail(const std::string& message) { throw Error(KILN_FAILED, message); }
 
 // A cuda model keeps its arenas, weights and staging on the GPU, and calls torch's CUDA kernels.
-bool on_gpu() { return program.num_kernels > 0 || std::string(program.target) == "cuda"; }
+bool on_gpu() {
+  static const bool gpu = program.num_kernels > 0 || std::string(program.target) == "cuda";
+  return gpu;
+}
 int32_t device_type() { return on_gpu() ? aoti_torch_device_type_cuda() : aoti_torch_device_type_cpu(); }
 
 // The GPU state of the model that runs on this thread (its stream, for predicates).
@@ -162,7 +165,9 @@ Tensor view(void* data, DType dtype, std::initializer_list<int64_t> sizes,
 
 // torch's CUDA shim function `fn` by name, looked up in the process (libtorch_cuda is not linked:
 // a cuda model must link on a machine whose torch has no CUDA).
-#define gpu_fn(fn) reinterpret_cast<decltype(&fn)>(cuda::shim_function(#fn))
+// (looked up once per call site, on first use).
+#define gpu_fn(fn) \
+  ([] { static const auto found = reinterpret_cast<decltype(&fn)>(cuda::shim_function(#fn)); return found; }())
 
 void mm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
   if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_mm_out)(out.get(), a.get(), b.get()), what);

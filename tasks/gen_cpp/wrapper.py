@@ -88,7 +88,6 @@ class WrapperWriter:
     kernels: dict[str, Kernel] = field(default_factory=dict)  # key -> a kernel with it
     fallbacks: int = 0
     views: int = 0  # view slots (kiln::view(ctx, slot, ...))
-    launched: list[str] = field(default_factory=list)  # cuda: kernel keys in program.kernels order
 
     def graph(self, g: ScheduledGraph, args: Sequence[str] | None = None) -> int:
         """Adds graph_<i>; returns i. `args[k]` names where graph input k comes from."""
@@ -145,9 +144,7 @@ class WrapperWriter:
 
     def kernel_index(self, key: str) -> int:
         """Kernels are numbered in the order of their first launch."""
-        if key not in self.launched:
-            self.launched.append(key)
-        return self.launched.index(key)
+        return list(self.kernels).index(key)  # kernel_call registers a kernel at its first launch
 
     def fallback(self, node: Fallback, names: GraphNames) -> list[str]:
         self.fallbacks += 1
@@ -440,7 +437,7 @@ def cubin_symbol(key: str) -> str:
 
 def _kernel_table(w: WrapperWriter) -> list[str]:
     rows = []
-    for key in w.launched:
+    for key in (w.kernels if w.target == "cuda" else ()):
         k, facts = w.kernels[key], w.tuning[key]["launch"]
         rows.append(f"  {{{json.dumps(kernel_name(k))}, {cubin_symbol(key)}, {json.dumps(facts['name'])}, "
                     f"{int(facts['num_warps'])}, {int(facts['shared'])}}},")
@@ -479,7 +476,7 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64",
         "const Program program = {{kInputs, {}, kWeights, {}, kOutputs, {},".format(*counts[:3]),
         "                         kArenas, {}, kScratch, {}, {}, graph_0, {}, {},".format(
             *counts[3:], json.dumps(target), json.dumps(isa)),
-        f"                         kKernels, {len(writer.launched)}}};",
+        f"                         kKernels, {len(writer.kernels) if target == 'cuda' else 0}}};",
         "}  // namespace kiln",
         "",
     ]
@@ -489,7 +486,7 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64",
 def _preamble(w: WrapperWriter) -> list[str]:
     """Includes, the kernels' prototypes and every graph function's declaration."""
     if w.target == "cuda":
-        prototypes = [f"extern const unsigned char {cubin_symbol(key)}[];" for key in sorted(w.launched)]
+        prototypes = [f"extern const unsigned char {cubin_symbol(key)}[];" for key in sorted(w.kernels)]
     else:
         prototypes = [f"void {function_for(key)}({', '.join(param_decl(p.spec, p.role) for p in k.params)});"
                       for key, k in sorted(w.kernels.items())]

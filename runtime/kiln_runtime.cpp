@@ -5,7 +5,6 @@
 #include "kiln_runtime.h"
 
 #include <cstdlib>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -213,78 +212,13 @@ void convolution(const Tensor& out, const Tensor& x, const Tensor& w, const Tens
   take(out, Tensor(ret), what);
 }
 
-// Note: torch's CPU attention kernel (what eager picks on the CPU for these inputs), through
-// the shim; its second result (logsumexp) is freed unread.
-namespace {
-
-template <class T>
-void fill_additive(T* out, const bool* mask, const int64_t* sizes, const int64_t* strides, int ndim, T zero, T minus_inf) {
-  int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= sizes[d];
-  for (int64_t flat = 0; flat < n; ++flat) {
-    int64_t rest = flat, at = 0;
-    for (int d = ndim - 1; d >= 0; --d) {
-      at += (rest % sizes[d]) * strides[d];
-      rest /= sizes[d];
-    }
-    out[flat] = mask[at] ? zero : minus_inf;
-  }
-}
-
-// A boolean mask as the additive float mask torch's attention kernel takes (0 where True,
-// -inf where False), as eager's scaled_dot_product_attention converts it.
-Tensor additive_mask(const Tensor& mask, const Tensor& q, const char* what) {
-  int32_t q_dtype = 0;
-  int64_t ndim = 0;
-  int64_t* sizes = nullptr;
-  int64_t* strides = nullptr;
-  void* data = nullptr;
-  check(aoti_torch_get_dtype(q.get(), &q_dtype), what);
-  check(aoti_torch_get_dim(mask.get(), &ndim), what);
-  check(aoti_torch_get_sizes(mask.get(), &sizes), what);
-  check(aoti_torch_get_strides(mask.get(), &strides), what);
-  check(aoti_torch_get_data_ptr(mask.get(), &data), what);
-  std::vector<int64_t> contiguous(static_cast<size_t>(ndim));
-  int64_t acc = 1;
-  for (int64_t d = ndim - 1; d >= 0; --d) {
-    contiguous[static_cast<size_t>(d)] = acc;
-    acc *= sizes[d] > 0 ? sizes[d] : 1;
-  }
-  AtenTensorHandle h = nullptr;
-  check(aoti_torch_empty_strided(ndim, sizes, contiguous.data(), q_dtype, aoti_torch_device_type_cpu(), 0, &h), what);
-  Tensor out(h);
-  void* dst = nullptr;
-  check(aoti_torch_get_data_ptr(out.get(), &dst), what);
-  const bool* m = static_cast<const bool*>(data);
-  int nd = static_cast<int>(ndim);
-  const float inf = std::numeric_limits<float>::infinity();
-  if (q_dtype == aoti_torch_dtype_float32()) {
-    fill_additive<float>(static_cast<float*>(dst), m, sizes, strides, nd, 0.0f, -inf);
-  } else if (q_dtype == aoti_torch_dtype_float64()) {
-    fill_additive<double>(static_cast<double*>(dst), m, sizes, strides, nd, 0.0, -static_cast<double>(inf));
-  } else if (q_dtype == aoti_torch_dtype_float16()) {
-    fill_additive<uint16_t>(static_cast<uint16_t*>(dst), m, sizes, strides, nd, 0, 0xfc00);
-  } else if (q_dtype == aoti_torch_dtype_bfloat16()) {
-    fill_additive<uint16_t>(static_cast<uint16_t*>(dst), m, sizes, strides, nd, 0, 0xff80);
-  } else {
-    throw Error(KILN_FAILED, std::string(what) + ": attention on a query that is not floating point");
-  }
-  return out;
-}
-
-}  // namespace
-
-// Note: on the GPU, torch's memory-efficient attention kernel (it takes an additive mask); its
-// logsumexp and RNG state results are freed unread.
+// Note: attention runs torch's own kernels through the shim, each taking an additive float
+// mask (lowering turns a boolean one into that): on the GPU the memory-efficient kernel (its
+// logsumexp and RNG state results are freed unread), on the CPU the flash kernel eager picks
+// for these inputs (its logsumexp freed unread).
 void attention_on_gpu(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask,
                       double dropout_p, bool is_causal, const double* scale, const char* what) {
   AtenTensorHandle m = mask != nullptr ? mask->get() : nullptr;
-  if (mask != nullptr) {
-    int32_t mask_dtype = 0;
-    check(aoti_torch_get_dtype(m, &mask_dtype), what);
-    if (mask_dtype == aoti_torch_dtype_bool())
-      fail(std::string(what) + ": a boolean attention mask is not supported on the cuda target yet");
-  }
   AtenTensorHandle ret[4] = {nullptr, nullptr, nullptr, nullptr};
   double s = scale != nullptr ? *scale : 0.0;
   check(gpu_fn(aoti_torch_cuda__scaled_dot_product_efficient_attention)(
@@ -298,15 +232,6 @@ void attention_on_gpu(const Tensor& out, const Tensor& q, const Tensor& k, const
 void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask,
                       double dropout_p, bool is_causal, const double* scale, const char* what) {
   if (on_gpu()) return attention_on_gpu(out, q, k, v, mask, dropout_p, is_causal, scale, what);
-  Tensor converted;
-  if (mask != nullptr) {
-    int32_t mask_dtype = 0;
-    check(aoti_torch_get_dtype(mask->get(), &mask_dtype), what);
-    if (mask_dtype == aoti_torch_dtype_bool()) {
-      converted = additive_mask(*mask, q, what);
-      mask = &converted;
-    }
-  }
   AtenTensorHandle m = mask != nullptr ? mask->get() : nullptr;
   AtenTensorHandle ret0 = nullptr;
   AtenTensorHandle ret1 = nullptr;

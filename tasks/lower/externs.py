@@ -6,8 +6,10 @@ view that strides cannot describe is copied first. The scheduler never fuses acr
 
 from __future__ import annotations
 
+import math
+
 from tasks.ir.dtypes import DType
-from tasks.ir.expr import Op, binary, cast
+from tasks.ir.expr import Op, binary, cast, const, where
 from tasks.ir.nodes import ExternOp
 from tasks.lower.context import Call, Lower, LoweringError
 from tasks.lower.registry import register
@@ -64,8 +66,20 @@ def _convolution(ctx: Lower, call: Call) -> TensorValue:
 def _sdpa(ctx: Lower, call: Call) -> TensorValue:
     if call["dropout_p"]:
         raise LoweringError("attention with dropout_p > 0; kiln compiles inference: call model.eval()")
-    mask = call["attn_mask"]
-    inputs: list[TensorValue | None] = [call.tensor("query"), call.tensor("key"), call.tensor("value"),
+    mask, query = call["attn_mask"], call.tensor("query")
+    if isinstance(mask, TensorValue) and mask.dtype is DType.BOOL:
+        mask = additive_mask(ctx, mask, query.dtype, call.origin)
+    inputs: list[TensorValue | None] = [query, call.tensor("key"), call.tensor("value"),
                                         mask if isinstance(mask, TensorValue) else None]
     params = {k: call[k] for k in ("dropout_p", "is_causal", "scale", "enable_gqa")}
     return ctx.extern(ExternOp.SDPA, inputs, params, call)
+
+
+# Note: a boolean mask becomes the additive float mask (0 where True, -inf where False) in a
+# kernel of its own, as eager's scaled_dot_product_attention converts it: the attention
+# kernels kiln calls (torch's CPU flash kernel, the GPU memory-efficient one) take only that.
+def additive_mask(ctx: Lower, mask: TensorValue, dtype: DType, origin: str) -> TensorValue:
+    """The boolean mask as an additive mask of the query's dtype."""
+    compute = dtype.compute
+    return ctx.pointwise(mask.shape, dtype, origin, lambda loop: where(
+        loop.load(mask, loop.idx), const(0.0, compute), const(-math.inf, compute)))

@@ -134,9 +134,12 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
     record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
                "gpu": torch.cuda.get_device_name()}
     if cubins is not None and record["label"] in compiled:
-        # Note: this is the JIT's own compile of the winner. The wrapper (issue #6) needs every
-        # cubin compiled as compile_cubin does; that switch waits for a GPU run to check it.
-        save_cubin(compiled[record["label"]], cubins / f"{entry['key'][:16]}")
+        # Note: the winner is compiled again, as the untuned path compiles it, rather than
+        # shipping the JIT's cubin: the JIT folds arguments and assumes alignments from the
+        # tensors it saw, and the wrapper launches every cubin with one argument list.
+        major, minor = torch.cuda.get_device_capability()
+        compile_cubin(entry, folder, record["function"], record["config"], major * 10 + minor,
+                      cubins / f"{entry['key'][:16]}")
     del base, tensors
     torch.cuda.empty_cache()
     return record

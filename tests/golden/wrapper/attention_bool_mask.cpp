@@ -4,6 +4,7 @@
 #include <limits>
 
 extern "C" {
+void kiln_f912eea858a64581(const bool* __restrict in0, float* __restrict out0);
 }
 
 namespace {
@@ -11,17 +12,21 @@ namespace {
 void graph_0(kiln::Context& ctx, void* const* args, void* const* results);
 
 void graph_0(kiln::Context& ctx, void* const* args, void* const* results) {
+  char* arena = kiln::arena(ctx, 0);
   void* b_args_0 = args[0];
   void* b_args_1 = args[1];
   void* b_args_2 = args[2];
   void* b_args_3 = args[3];
-  void* b_buf0 = results[0];
+  void* b_buf0 = arena + 0;
+  void* b_buf1 = results[0];
+  // k0: scaled_dot_product_attention
+  kiln_f912eea858a64581(static_cast<const bool*>(b_args_3), static_cast<float*>(b_buf0));
   {  // scaled_dot_product_attention (scaled_dot_product_attention)
-    const kiln::Tensor& out = kiln::view(ctx, 0, b_buf0, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
+    const kiln::Tensor& out = kiln::view(ctx, 0, b_buf1, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
     const kiln::Tensor& in0 = kiln::view(ctx, 1, b_args_0, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
     const kiln::Tensor& in1 = kiln::view(ctx, 2, b_args_1, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
     const kiln::Tensor& in2 = kiln::view(ctx, 3, b_args_2, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
-    const kiln::Tensor& in3 = kiln::view(ctx, 4, b_args_3, kiln::DType::B8, {1, 1, 8, 8}, {64, 64, 8, 1});
+    const kiln::Tensor& in3 = kiln::view(ctx, 4, b_buf0, kiln::DType::F32, {1, 1, 8, 8}, {64, 64, 8, 1});
     kiln::attention(out, in0, in1, in2, &in3, 0x0.0p+0, false, nullptr, "scaled_dot_product_attention (scaled_dot_product_attention)");
   }
   (void)ctx; (void)args; (void)results;
@@ -37,7 +42,7 @@ const kiln::TensorSpec* const kWeights = nullptr;
 const kiln::TensorSpec kOutputs[] = {
   {"output0", kiln::DType::F32, 4, {1, 2, 8, 4}, {64, 32, 4, 1}},
 };
-const size_t kArenas[] = {0};
+const size_t kArenas[] = {256};
 const size_t* const kScratch = nullptr;
 const kiln::CubinKernel* const kKernels = nullptr;
 

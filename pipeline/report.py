@@ -58,7 +58,8 @@ def kernel_rows(result: BuildResult) -> list[dict[str, Any]]:
         launches = len(names.get(key, [])) or 1
         rows.append({"kernel": names.get(key, [key[:16]])[0], "origins": origins.get(key, ""),
                      "launches": launches, "variant": _variant_text(r),
-                     "config": r["config"], "seconds": seconds, "gain": r["gain"], "tuned": r["tuned"]})
+                     "config": r["config"], "seconds": seconds, "gain": r["gain"], "tuned": r["tuned"],
+                     "places": r.get("places", [])})
     total = sum((row["seconds"] or 0) * row["launches"] for row in rows)
     for row in rows:
         row["share"] = round((row["seconds"] or 0) * row["launches"] / total, 4) if total else None
@@ -141,20 +142,26 @@ KERNEL_ROWS = 12  # the rest are summed in one line
 
 def kernel_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title=f"kernels ({len(rows)} distinct), by share of kernel time", title_justify="left")
-    for col, justify in [("kernel", "left"), ("launches", "right"), ("variant", "left"), ("us", "right"),
-                         ("gain", "right"), ("share", "right")]:
+    # Note: a "where" column only for a model with control flow: where each kernel's launches
+    # sit (a branch, a loop body), so a branch the example inputs never take shows as tuned.
+    where = any(place != "main" for row in rows for place in row.get("places", []))
+    columns = [("kernel", "left"), *([("where", "left")] if where else []), ("launches", "right"),
+               ("variant", "left"), ("us", "right"), ("gain", "right"), ("share", "right")]
+    for col, justify in columns:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for row in rows[:KERNEL_ROWS]:
         seconds, gain, share = row["seconds"], row["gain"], row["share"]
         origins = f" ({row['origins']})" if row.get("origins") else ""
-        table.add_row(row["kernel"] + origins, str(row["launches"]), row["variant"],
+        places = [", ".join(row.get("places", []))] if where else []
+        table.add_row(row["kernel"] + origins, *places, str(row["launches"]), row["variant"],
                       f"{seconds * 1e6:.1f}" if seconds is not None else "-",
                       f"{gain:.2f}x" if gain else "-", f"{share:.0%}" if share is not None else "-")
     rest = rows[KERNEL_ROWS:]
     if rest:
         share = sum(row["share"] or 0 for row in rest)
         launches = sum(row["launches"] for row in rest)
-        table.add_row(f"... {len(rest)} more", str(launches), "", "", "", f"{share:.0%}")
+        blank = [""] if where else []
+        table.add_row(f"... {len(rest)} more", *blank, str(launches), "", "", "", f"{share:.0%}")
     return table
 
 

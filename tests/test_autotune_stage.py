@@ -39,7 +39,7 @@ def test_one_layer_edit_retunes_only_its_kernels(project: Path, tmp_path: Path) 
     cache = tmp_path / "cache"
     kiln(["compile", "toy", "--target", "cpu", "--until", "autotune"], cache, cwd=project)
     rows = _rows(project)
-    assert rows["autotune"]["note"] == "3 kernels tuned (0 cached)"
+    assert rows["autotune"]["note"] == "kernels tuned 3 of 3 (0 cached)"
     build = project / "build" / "toy"
     assert (build / "tune.py").is_file()
     assert (build / "kernels.json").is_file()
@@ -48,7 +48,7 @@ def test_one_layer_edit_retunes_only_its_kernels(project: Path, tmp_path: Path) 
     kiln(["compile", "toy", "--target", "cpu", "--until", "autotune"], cache, cwd=project)
     rows = _rows(project)
     assert rows["autotune"]["status"] == "ran"
-    assert rows["autotune"]["note"] == "3 kernels tuned (2 cached)"
+    assert rows["autotune"]["note"] == "kernels tuned 3 of 3 (2 cached)"
 
 
 def test_the_cuda_target_builds_and_links_through_the_cli(project: Path, tmp_path: Path) -> None:

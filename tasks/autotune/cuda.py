@@ -27,6 +27,7 @@ from typing import Any
 from cache.hashing import digest_file, digest_json, pretty_json
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
+from tasks.autotune.coverage import coverage, coverage_text, with_places
 from tasks.tune import cuda_tune
 
 CUBINS = "cubins"  # <key16>.cubin and <key16>.json (kernel name, warps, shared memory, scratch)
@@ -57,16 +58,18 @@ def run(job: StageJob) -> Mapping[str, Any]:
                     "launch": json.loads((job.out_dir / CUBINS / f"{key[:16]}.json").read_text())}
                  for key, r in records.items()}
     (job.out_dir / "tuning.json").write_text(pretty_json(decisions))
+    records = with_places(records, spec["kernels"])
     (job.out_dir / "timings.json").write_text(pretty_json(records))
-    untuned = sum(not r.get("tuned") for r in records.values())
+    covered = coverage(records)
+    untuned = covered["kernels"] - covered["tuned"]
     peak = max((r.get("peak_bytes", 0) for r in records.values()), default=0)
-    note = f"{len(records)} kernels: {len(records) - hits - untuned} tuned, {hits} cached, {untuned} untuned"
+    note = f"{coverage_text(covered)} ({hits} cached)"
     if gpu == "none":
         note += f" (no GPU: default candidates for sm_{spec['arch']})"
     elif len(records) > hits:
         note += f"; tuning {seconds:.1f} s, peak {peak / 2**20:.1f} MB on {gpu}"
-    return {"kernels": len(records), "cached": hits, "untuned": untuned, "tuning_seconds": round(seconds, 3),
-            "peak_gpu_bytes": peak, "items": used, "summary": note}
+    return {"kernels": len(records), "cached": hits, "untuned": untuned, "coverage": covered,
+            "tuning_seconds": round(seconds, 3), "peak_gpu_bytes": peak, "items": used, "summary": note}
 
 
 def _tune(kernels_json: Path, missing: list[dict[str, Any]], made: Path,

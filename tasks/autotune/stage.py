@@ -17,6 +17,7 @@ from typing import Any
 from cache.hashing import digest_file, digest_json, pretty_json
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
+from tasks.autotune.coverage import coverage, coverage_text, with_places
 from tasks.tune import cpu_tune
 
 TUNING = "tuning.json"  # decisions only: what later stages read, so it is deterministic
@@ -62,9 +63,11 @@ def run(job: StageJob) -> Mapping[str, Any]:
     decisions = {key: {"variant": r["variant"], "config": r["config"],
                        "object": digest_file(objects / f"{key[:16]}.o")} for key, r in records.items()}
     (job.out_dir / TUNING).write_text(pretty_json(decisions))
+    records = with_places(records, spec["kernels"])
     (job.out_dir / TIMINGS).write_text(pretty_json(records))
-    note = f"{len(records)} kernels tuned ({hits} cached)"
-    return {"kernels": len(records), "cached": hits, "items": used, "summary": note}
+    covered = coverage(records)
+    note = f"{coverage_text(covered)} ({hits} cached)"
+    return {"kernels": len(records), "cached": hits, "coverage": covered, "items": used, "summary": note}
 
 
 def _tune(entry: dict[str, Any], folder: Path, compiler: list[str], built: cpu_tune.Built | None,

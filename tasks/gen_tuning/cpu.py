@@ -17,7 +17,7 @@ from tasks.codegen.cpp_build import RUNTIME, kernel_flags
 from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
 from tasks.codegen.inputs import index_bounds
 from tasks.ir.serialize import buffer_json
-from tasks.schedule.model import Kernel, Schedule
+from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
 
 TUNER = Path(__file__).resolve().parents[1] / "tune" / "cpu_tune.py"
 FEW_ROWS = 64  # below this many rows, splitting each pass over R across threads is a candidate
@@ -43,10 +43,9 @@ def write(schedule: Schedule, out: Path, isa: str | None = None) -> dict[str, An
     folder = out / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RUNTIME / "kiln_cpu.h", folder / "kiln_cpu.h")
-    by_key: dict[str, list[Kernel]] = {}
-    for k in schedule.kernels:
-        by_key.setdefault(k.key, []).append(k)
-    entries = [_entry(group, folder) for group in by_key.values()]
+    places = kernel_places(schedule)
+    entries = [_entry(group, folder) | {"places": sorted({p for k in group for p in places.get(k.name, ())})}
+               for group in kernels_by_key(schedule).values()]
     compiler = ["g++", *kernel_flags(isa or host_isa())]
     spec = {"target": "cpu", "folder": "kernels", "compiler": compiler, "kernels": entries}
     (out / "kernels.json").write_text(pretty_json(spec))

@@ -26,7 +26,7 @@ from tasks.codegen.triton_kernel import (
     xnumel,
 )
 from tasks.ir.serialize import buffer_json
-from tasks.schedule.model import Kernel, Schedule
+from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
 
 TUNER = Path(__file__).resolve().parents[1] / "tune" / "cuda_tune.py"
 DEFAULT_ARCH = 90  # sm_90: the arch cubins are built for when no GPU is visible
@@ -39,10 +39,9 @@ def function_for(name: str, variant: TritonVariant) -> str:
 def write(schedule: Schedule, out: Path) -> dict[str, Any]:
     folder = out / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
-    by_key: dict[str, list[Kernel]] = {}
-    for k in schedule.kernels:
-        by_key.setdefault(k.key, []).append(k)
-    entries = [_entry(group, folder) for group in by_key.values()]
+    places = kernel_places(schedule)
+    entries = [_entry(group, folder) | {"places": sorted({p for k in group for p in places.get(k.name, ())})}
+               for group in kernels_by_key(schedule).values()]
     spec = {"target": "cuda", "folder": "kernels", "arch": DEFAULT_ARCH, "kernels": entries}
     (out / "kernels.json").write_text(pretty_json(spec))
     shutil.copyfile(TUNER, out / "tune.py")

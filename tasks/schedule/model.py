@@ -111,6 +111,43 @@ class Schedule:
         return next(k for k in self.kernels if k.name == name)
 
 
+MAIN = "main"  # the place of a kernel launched outside any control flow
+
+
+def subgraphs(step: Step) -> tuple[tuple[str, ScheduledGraph], ...]:
+    """A control-flow step's graphs, each with its place name ("cond_1.then", "while_loop.body")."""
+    if isinstance(step, CondStep):
+        return ((f"{step.origin}.then", step.then_graph), (f"{step.origin}.else", step.else_graph))
+    if isinstance(step, WhileStep):
+        return ((f"{step.origin}.cond", step.cond_graph), (f"{step.origin}.body", step.body_graph))
+    return ()
+
+
+def kernel_places(schedule: Schedule) -> dict[str, tuple[str, ...]]:
+    """Kernel name -> where each of its launches sits: MAIN, or a path through control flow
+    ("while_loop.body/cond.else"). Every kernel of every branch and body is here, whichever
+    branch any input would take."""
+    places: dict[str, list[str]] = {}
+
+    def walk(g: ScheduledGraph, place: str) -> None:
+        for step in g.steps:
+            if isinstance(step, KernelStep):
+                places.setdefault(step.kernel, []).append(place)
+            for name, sub in subgraphs(step):
+                walk(sub, name if place == MAIN else f"{place}/{name}")
+
+    walk(schedule.main, MAIN)
+    return {name: tuple(sorted(set(p))) for name, p in places.items()}
+
+
+def kernels_by_key(schedule: Schedule) -> dict[str, list[Kernel]]:
+    """The schedule's kernels grouped by key (equal kernels are generated and tuned once)."""
+    groups: dict[str, list[Kernel]] = {}
+    for k in schedule.kernels:
+        groups.setdefault(k.key, []).append(k)
+    return groups
+
+
 # -- JSON ------------------------------------------------------------------------------------
 
 def kernel_json(k: Kernel, keyed: bool = False) -> dict[str, Any]:

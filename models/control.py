@@ -8,11 +8,16 @@ from torch import nn
 
 
 class CondModel(nn.Module):
-    """Branch on the sign of a data-dependent sum; each branch reduces differently."""
+    """Branch on a data-dependent sum exceeding `threshold`; each branch reduces differently.
+    With a large threshold, random example inputs never take the first branch."""
 
-    def __init__(self, features: int) -> None:
+    def __init__(self, features: int, threshold: float = 0.0) -> None:
         super().__init__()
         self.proj = nn.Linear(features, features)
+        self.threshold = threshold
+
+    def predicate(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).sum() > self.threshold
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.proj(x)
@@ -23,7 +28,7 @@ class CondModel(nn.Module):
         def negative(h: torch.Tensor) -> torch.Tensor:
             return h - h.mean(dim=-1, keepdim=True) / (h.var(dim=-1, keepdim=True) + 1e-5)
 
-        out: torch.Tensor = torch.cond(h.sum() > 0, positive, negative, (h,))
+        out: torch.Tensor = torch.cond(h.sum() > self.threshold, positive, negative, (h,))
         return out
 
 
@@ -52,8 +57,8 @@ class WhileModel(nn.Module):
         return result
 
 
-def build_cond(features: int = 32) -> CondModel:
-    return CondModel(features)
+def build_cond(features: int = 32, threshold: float = 0.0) -> CondModel:
+    return CondModel(features, threshold)
 
 
 def build_while(features: int = 32, steps: int = 8) -> WhileModel:

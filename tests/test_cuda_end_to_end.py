@@ -14,7 +14,7 @@ from pipeline.runner import BuildOptions
 
 pytestmark = pytest.mark.gpu
 
-MODELS = ("mlp", "bert", "gpt2", "resnet18", "convnet", "while")
+MODELS = ("mlp", "bert", "gpt2", "resnet18", "convnet", "while", "nested")
 NEEDS = {"bert": "transformers", "gpt2": "transformers", "resnet18": "torchvision"}
 
 

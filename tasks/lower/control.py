@@ -68,3 +68,22 @@ def _while(ctx: Lower, call: Call) -> tuple[TensorValue, ...]:
     outs = _outs(ctx, call)
     ctx.emit(While(tuple(carried_views), tuple(extra_views), cond_graph, body_graph, outs, call.origin))
     return tuple(TensorValue.of(b) for b in outs)
+
+
+# The control-flow constructs torch exports that kiln does not compile yet, by op name.
+UNSUPPORTED_CONTROL_FLOW = {
+    "higher_order.scan": "torch.scan (torch._higher_order_ops.scan)",
+    "higher_order.associative_scan": "associative_scan (torch._higher_order_ops.associative_scan)",
+    "higher_order.map_impl": "map (torch._higher_order_ops.map / functorch control_flow.map)",
+    "higher_order.while_loop_stack_output": "while_loop with stacked outputs",
+}
+
+
+def unsupported_higher_order(name: str) -> LoweringError:
+    """The error for a higher-order op with no lowering, naming the construct."""
+    construct = UNSUPPORTED_CONTROL_FLOW.get(name)
+    if construct is not None:
+        return LoweringError(f"{construct} is not supported by kiln yet; kiln compiles torch.cond and "
+                             "torch.while_loop", "write the loop as a torch.while_loop")
+    return LoweringError(f"{name} has no lowering (a higher-order op)",
+                         "kiln compiles the higher-order ops torch.cond and torch.while_loop only")

@@ -16,6 +16,7 @@ from tasks.ir.dtypes import BY_TORCH_NAME, DType
 from tasks.ir.nodes import Buffer, BufferKind, Graph
 from tasks.lower import serialized as ser
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
+from tasks.lower.control import unsupported_higher_order
 from tasks.lower.registry import LOWERINGS, lower_fallback
 from tasks.lower.values import TensorValue
 
@@ -119,7 +120,7 @@ class GraphLowering:
         args = [(i["name"], ser.decode(i["arg"], self.tensor)) for i in node["inputs"]]
         if name.startswith("higher_order."):
             if fn is None:
-                raise LoweringError(f"{name} has no lowering (a higher-order op)")
+                raise unsupported_higher_order(name)
             call = Call(name, node["name"], {"args": [v for _, v in args], "lowering": self}, meta)
             return fn(self.ctx, call)
         target = resolve(name)

@@ -35,7 +35,6 @@ def export_program(
     try:
         program = torch.export.export(module, args, strict=False)
         decomposed: torch.export.ExportedProgram = program.run_decompositions(decomposition_table())
-        return decomposed
     except KilnError:
         raise
     except Exception as err:
@@ -45,6 +44,8 @@ def export_program(
             f"{user_frame(err, root)}",
             "make the model exportable (see torch.export's docs on the construct named above)",
         ) from err
+    check_control_flow(decomposed, model, root)
+    return decomposed
 
 
 def decomposition_table() -> dict[Any, Any]:
@@ -57,18 +58,38 @@ def decomposition_table() -> dict[Any, Any]:
 
 def source_map(program: torch.export.ExportedProgram, root: Path) -> dict[str, str]:
     """node name -> 'file:line: code' of the innermost model frame that produced it."""
-    found: dict[str, str] = {}
-    for node in program.graph.nodes:
-        trace = node.meta.get("stack_trace")
-        if not trace:
+    found = {node.name: node_source(node, root) for node in program.graph.nodes}
+    return {name: where for name, where in found.items() if where}
+
+
+def node_source(node: torch.fx.Node, root: Path) -> str:
+    """'file:line: code' of the innermost model frame that produced node, or ''."""
+    trace = node.meta.get("stack_trace")
+    frames = [m for m in _FRAME.finditer(trace or "") if is_model_file(m["file"], root)]
+    if not frames:
+        return ""
+    last = frames[-1]
+    path = Path(last["file"])
+    shown = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+    return f"{shown}:{last['line']}: {last['code'].strip()}"
+
+
+def check_control_flow(program: torch.export.ExportedProgram, model: str, root: Path) -> None:
+    """A clear error for a while_loop that carries a value that is not a tensor (a Python or
+    symbolic int): kiln's loops carry tensors only, and torch cannot serialize such a loop."""
+    for module in program.graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
             continue
-        frames = [m for m in _FRAME.finditer(trace) if is_model_file(m["file"], root)]
-        if frames:
-            last = frames[-1]
-            path = Path(last["file"])
-            shown = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
-            found[node.name] = f"{shown}:{last['line']}: {last['code'].strip()}"
-    return found
+        for node in module.graph.find_nodes(op="call_function", target=torch.ops.higher_order.while_loop):
+            for i, value in enumerate(node.args[2]):
+                val = value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+                if not isinstance(val, torch.Tensor):
+                    where = node_source(node, root)
+                    at = f" at {where}" if where else ""
+                    raise KilnError(
+                        f"model {model!r}: torch.while_loop carries a {type(val).__name__} "
+                        f"(carried value {i}){at}; kiln's while_loop carries tensors only",
+                        "carry a tensor instead: torch.tensor(0) for a counter, say")
 
 
 def program_json(program: torch.export.ExportedProgram) -> bytes:

@@ -17,7 +17,8 @@ class CondModel(nn.Module):
         self.threshold = threshold
 
     def predicate(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).sum() > self.threshold
+        taken: torch.Tensor = self.proj(x).sum() > self.threshold
+        return taken
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.proj(x)

@@ -184,8 +184,21 @@ void copy_to_host(Device& device, void* host, const void* src, size_t bytes) {
 
 void check_usable(Device& device) { usable(device); }
 
-void* shim_function(const char* name) {
+// Note: torch's CUDA shim lives in libtorch_cuda.so, which Python loads as a dependency of
+// torch._C with RTLD_LOCAL: its symbols are not in the global scope dlsym(RTLD_DEFAULT) searches
+// (they are where a C++ program links it). RTLD_NOLOAD finds the loaded library either way
+// without loading anything.
+namespace {
+void* find_shim(const char* name) {
+  static void* const torch_cuda = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
   void* fn = dlsym(RTLD_DEFAULT, name);
+  if (fn == nullptr && torch_cuda != nullptr) fn = dlsym(torch_cuda, name);
+  return fn;
+}
+}  // namespace
+
+void* shim_function(const char* name) {
+  void* fn = find_shim(name);
   if (fn == nullptr)
     fail(std::string("torch's CUDA library does not provide ") + name +
          " in this process; load a CUDA build of torch (import torch, or link libtorch_cuda) first");
@@ -206,7 +219,7 @@ StreamGuard::StreamGuard(void* stream, int32_t device_index) {
 
 StreamGuard::~StreamGuard() {
   static const auto remove =
-      reinterpret_cast<StreamGuardDelete>(dlsym(RTLD_DEFAULT, "aoti_torch_delete_cuda_stream_guard"));
+      reinterpret_cast<StreamGuardDelete>(find_shim("aoti_torch_delete_cuda_stream_guard"));
   if (handle != nullptr && remove != nullptr) remove(handle);
 }
 

@@ -24,7 +24,7 @@ test: $(VENV)/.ready
 
 # On the GPU machine: no environment to build (no network there); use what python3 has.
 test-gpu:
-	python3 -m pytest -m gpu -q
+	python3 scripts/run_gpu_tests.py $(GPU_TEST_ARGS)
 
 bench-recompile: $(VENV)/.ready
 	$(PY) bench/recompile.py $(MODEL)

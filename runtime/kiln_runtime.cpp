@@ -127,6 +127,15 @@ void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const 
   }
 }
 
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (!on_gpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const int64_t size = static_cast<int64_t>(bytes), stride = 1;
+  copy_on_gpu(dst, &stride, src, &stride, &size, 1, 1);
+}
+
 bool truthy(const void* p, DType d) {
   uint64_t host = 0;  // on the GPU: the predicate's one element, copied once per decision
   if (on_gpu()) {

@@ -76,6 +76,9 @@ inline char* at(void* base, int64_t offset, size_t itemsize) {
 void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
                   const int64_t* sizes, int ndim, size_t itemsize);
 
+// Copies bytes between two buffers of the model (on the GPU for a cuda model).
+void copy_bytes(void* dst, const void* src, size_t bytes);
+
 bool truthy(const void* p, DType d);
 
 // cuda: launches program.kernels[kernel] on the model's stream; `args` holds the address of each

@@ -327,7 +327,7 @@ def copy_line(dst: str, dst_layout: Layout, src: str, src_layout: Layout) -> str
         raise WrapperError(f"cannot copy {src_layout} into {dst_layout}")
     nd = len(dst_layout.shape)
     if nd == 0:
-        return f"std::memcpy({dst}, {src}, {dst_layout.dtype.itemsize});"
+        return f"kiln::copy_bytes({dst}, {src}, {dst_layout.dtype.itemsize});"
     return ("{ const int64_t ds[] = " + _ints(dst_layout.stride) + ", ss[] = " + _ints(src_layout.stride)
             + ", n[] = " + _ints(dst_layout.shape) + f"; kiln::copy_strided({dst}, ds, {src}, ss, n, {nd}, "
             f"{dst_layout.dtype.itemsize}); }}")

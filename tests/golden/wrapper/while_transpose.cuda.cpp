@@ -31,7 +31,7 @@ void graph_0(kiln::Context& ctx, void* const* args, void* const* results) {
   {  // while_loop (while_loop)
     void* cur[] = {kiln::scratch(ctx, 0), kiln::scratch(ctx, 1)};
     void* nxt[] = {kiln::scratch(ctx, 2), kiln::scratch(ctx, 3)};
-    std::memcpy(cur[0], b_buf0, 8);
+    kiln::copy_bytes(cur[0], b_buf0, 8);
     { const int64_t ds[] = {6, 1}, ss[] = {6, 1}, n[] = {6, 6}; kiln::copy_strided(cur[1], ds, b_args_0, ss, n, 2, 4); }
     for (;;) {
       { void* const a1[] = {cur[0], cur[1]}; void* const r1[] = {kiln::scratch(ctx, 4)}; graph_1(ctx, a1, r1); }
@@ -39,7 +39,7 @@ void graph_0(kiln::Context& ctx, void* const* args, void* const* results) {
       { void* const a2[] = {cur[0], cur[1]}; void* const r2[] = {nxt[0], nxt[1]}; graph_2(ctx, a2, r2); }
       for (int i = 0; i < 2; ++i) std::swap(cur[i], nxt[i]);
     }
-    std::memcpy(b_buf10, cur[0], 8);
+    kiln::copy_bytes(b_buf10, cur[0], 8);
     { const int64_t ds[] = {6, 1}, ss[] = {6, 1}, n[] = {6, 6}; kiln::copy_strided(b_buf11, ds, cur[1], ss, n, 2, 4); }
   }
   (void)ctx; (void)args; (void)results;

@@ -225,9 +225,72 @@ void convolution(const Tensor& out, const Tensor& x, const Tensor& w, const Tens
 // mask (lowering turns a boolean one into that): on the GPU the memory-efficient kernel (its
 // logsumexp and RNG state results are freed unread), on the CPU the flash kernel eager picks
 // for these inputs (its logsumexp freed unread).
+namespace {
+
+struct Shape {
+  int64_t ndim = 0;
+  int64_t* sizes = nullptr;
+  int64_t* strides = nullptr;
+};
+
+Shape shape_of(const Tensor& t, const char* what) {
+  Shape s;
+  check(aoti_torch_get_dim(t.get(), &s.ndim), what);
+  check(aoti_torch_get_sizes(t.get(), &s.sizes), what);
+  check(aoti_torch_get_strides(t.get(), &s.strides), what);
+  return s;
+}
+
+constexpr int64_t kBiasAlignment = 16;  // elements: what every dtype of the GPU kernel accepts
+
+// Note: torch's memory-efficient attention kernel takes its bias ([B, H, M, N], last dim
+// contiguous, other strides a multiple of its alignment) the way scaled_dot_product_attention
+// hands it over: broadcast to [B, H, M, N] (stride 0 where the mask has a 1), and padded on the
+// last dim when its rows are not aligned. This does the same to kiln's mask.
+Tensor attention_bias(const Tensor& mask, const Tensor& q, const Tensor& k, const char* what) {
+  Shape m = shape_of(mask, what), qs = shape_of(q, what), ks = shape_of(k, what);
+  if (m.ndim > 4 || qs.ndim != 4 || ks.ndim != 4)
+    fail(std::string(what) + ": attention on the GPU takes 4-d query, key and mask (at most 4-d)");
+  const int64_t want[4] = {qs.sizes[0], qs.sizes[1], qs.sizes[2], ks.sizes[2]};
+  Tensor source;
+  const Tensor* from = &mask;
+  bool aligned = m.ndim >= 1 && m.strides[m.ndim - 1] == 1;
+  for (int64_t d = 0; d + 1 < m.ndim; ++d) aligned &= m.sizes[d] == 1 || m.strides[d] % kBiasAlignment == 0;
+  if (!aligned) {  // a contiguous copy whose rows are padded to the alignment
+    std::vector<int64_t> strides(static_cast<size_t>(m.ndim));
+    int64_t acc = 1;
+    for (int64_t d = m.ndim - 1; d >= 0; --d) {
+      strides[static_cast<size_t>(d)] = acc;
+      acc *= d == m.ndim - 1 ? (m.sizes[d] + kBiasAlignment - 1) / kBiasAlignment * kBiasAlignment : m.sizes[d];
+    }
+    int32_t dtype = 0;
+    check(aoti_torch_get_dtype(mask.get(), &dtype), what);
+    AtenTensorHandle h = nullptr;
+    check(aoti_torch_empty_strided(m.ndim, m.sizes, strides.data(), dtype, aoti_torch_device_type_cuda(), 0, &h), what);
+    source = Tensor(h);
+    check(aoti_torch_copy_(source.get(), mask.get(), 0), what);
+    from = &source;
+    m = shape_of(source, what);
+  }
+  int64_t sizes[4], strides[4];
+  for (int64_t d = 0; d < 4; ++d) {
+    int64_t md = d - (4 - m.ndim);  // the mask's dim, aligned from the right
+    bool real = md >= 0 && m.sizes[md] != 1;
+    sizes[d] = want[d];
+    strides[d] = real ? m.strides[md] : 0;
+  }
+  AtenTensorHandle expanded = nullptr;
+  check(aoti_torch__reinterpret_tensor(from->get(), 4, sizes, strides, 0, &expanded), what);
+  return Tensor(expanded);
+}
+
+}  // namespace
+
 void attention_on_gpu(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask,
                       double dropout_p, bool is_causal, const double* scale, const char* what) {
-  AtenTensorHandle m = mask != nullptr ? mask->get() : nullptr;
+  Tensor bias;
+  if (mask != nullptr) bias = attention_bias(*mask, q, k, what);
+  AtenTensorHandle m = mask != nullptr ? bias.get() : nullptr;
   AtenTensorHandle ret[4] = {nullptr, nullptr, nullptr, nullptr};
   double s = scale != nullptr ? *scale : 0.0;
   check(gpu_fn(aoti_torch_cuda__scaled_dot_product_efficient_attention)(

@@ -31,6 +31,7 @@ _TORCH_DTYPES = {"b8": "bool", "u8": "uint8", "i8": "int8", "i16": "int16", "i32
                  "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
 _TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2}
 _WORKER_TIMEOUT_S = 600
+_MAX_PRECOMPILE = 12  # processes compiling candidates beside the tuning workers
 _SLEEP_CYCLES = 200_000  # ~0.1 ms at GPU clocks: longer than the host needs to queue one launch
 
 
@@ -238,16 +239,71 @@ def compile_cubin(entry: dict[str, Any], folder: Path, function: str, config: di
     Note: the JIT's own compile of a candidate may drop an argument equal to 1 or assume an
     alignment the wrapper cannot promise; the untuned path ships this compile.
     """
+    fn = getattr(load_module(folder / entry["file"]), function)
+    save_cubin(explicit_compile(entry, fn, config, arch), stem)
+
+
+def explicit_compile(entry: dict[str, Any], fn: Any, config: dict[str, int], arch: int) -> Any:
+    """triton.compile of one candidate with the wrapper's specialization (compile_attrs)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    module = load_module(folder / entry["file"])
     constexprs = {"XBLOCK": config["XBLOCK"], "RBLOCK": config["RBLOCK"]}
-    fn = getattr(module, function)
     source = triton.compiler.ASTSource(fn=fn, signature=entry["signature"], constexprs=constexprs,
                                        attrs=compile_attrs(entry, list(fn.arg_names)))
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-    save_cubin(triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options), stem)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def warm_candidate(entry: dict[str, Any], folder: Path, function: str, config: dict[str, int],
+                   arch: int) -> None:
+    """Compiles one candidate into triton's cache twice over, without running it: as the JIT will
+    compile it when tuning launches it (warmup with dtypes: pointers read as 16-byte aligned,
+    as torch's allocations are), and as compile_cubin compiles a winner."""
+    import torch
+
+    fn = getattr(load_module(folder / entry["file"]), function)
+    dtypes = [getattr(torch, _TORCH_DTYPES[p["dtype"]]) for p in entry["params"]]
+    fn.warmup(*dtypes, entry["xnumel"], entry["rnumel"], grid=(1,), XBLOCK=config["XBLOCK"],
+              RBLOCK=config["RBLOCK"], num_warps=config["num_warps"], num_stages=config["num_stages"])
+    explicit_compile(entry, fn, config, arch)
+
+
+def _precompile_worker(args: argparse.Namespace) -> int:
+    """Warms the candidates listed (key:label,...); a candidate that fails is left to tuning,
+    which records why."""
+    import torch
+
+    spec = json.loads(args.spec.read_text())
+    folder = args.spec.parent / spec["folder"]
+    entries = {e["key"]: e for e in spec["kernels"]}
+    major, minor = torch.cuda.get_device_capability()
+    for job in args.precompile.split(","):
+        key, label = job.split(":", 1)
+        entry = entries[key]
+        _, variant, config = next(c for c in candidates(entry) if c[0] == label)
+        try:
+            warm_candidate(entry, folder, variant["function"], config, major * 10 + minor)
+        except Exception as err:  # out of resources, a compile error: tuning says so
+            print(f"{key[:16]} {label}: {type(err).__name__}: {str(err)[:200]}", file=sys.stderr)
+    return 0
+
+
+# Note: compiling candidates is most of a cold tune, and one process per GPU compiles them one
+# at a time. So, beside the tuning workers, the candidates are compiled into triton's cache by a
+# process per spare core, last kernel first: each tuning worker then finds its candidates
+# compiled (or compiles the first few itself, while the others are being warmed).
+def start_precompile(kernels: Path, keys: list[str], gpus: int, tmp: Path) -> list[subprocess.Popen[bytes]]:
+    spec = json.loads(kernels.read_text())
+    entries = {e["key"]: e for e in spec["kernels"]}
+    jobs = [f"{key}:{label}" for key in reversed(keys) for label, _, _ in candidates(entries[key])]
+    count = min(len(jobs), max(0, (os.cpu_count() or 1) - gpus), _MAX_PRECOMPILE)
+    procs = []
+    for i in range(count):
+        cmd = [sys.executable, __file__, "--spec", str(kernels), "--precompile", ",".join(jobs[i::count])]
+        with (tmp / f"precompile{i}.err").open("w") as err:
+            procs.append(subprocess.Popen(cmd, stderr=err, stdout=subprocess.DEVNULL))
+    return procs
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -270,6 +326,7 @@ def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int,
     records: dict[str, Any] = {}
     queues = [keys[g::max(1, gpus)] for g in range(max(1, gpus))]
     with tempfile.TemporaryDirectory() as tmp:
+        warming = start_precompile(kernels, keys, max(1, gpus), Path(tmp))
         while any(queues):
             workers = [_Worker(kernels, device, queue, Path(tmp), cubins)
                        for device, queue in enumerate(queues) if queue]
@@ -284,6 +341,9 @@ def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int,
                     failed, rest = rest[0], rest[1:]
                     records[failed] = {"key": failed, "tuned": False, "errors": {"worker": w.why()}}
                 queues[w.device] = rest
+        for proc in warming:  # done by now, or compiling what nobody needs any more
+            proc.kill()
+            proc.wait()
     if on_progress is not None:
         on_progress(len(records), len(keys))
     return records
@@ -334,9 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=here / "tuning.json")
     parser.add_argument("--cubins", type=Path, help="write each winner's cubin and launch facts here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--precompile", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return _worker(args)
+    if args.precompile:
+        return _precompile_worker(args)
     import torch
 
     if not torch.cuda.is_available():

@@ -101,7 +101,8 @@ def _bandwidth(kernels_json: Path, records: dict[str, Any], sweep: bool) -> list
         nbytes = sum(_touched(entry, t) for t in inputs)
         variant = next(v for v in entry["variants"] if v["name"] == record["variant"])
         fn = getattr(module, record["function"])
-        took = cuda_tune.seconds(fn, entry, variant, inputs, record["config"])
+        took = cuda_tune.seconds(cuda_tune.compile_here(entry, fn, record["config"]), entry, variant, inputs,
+                                record["config"])
         copy = _copy_seconds(nbytes // 2)  # a copy of n/2 bytes reads n/2 and writes n/2: n moved
         row = {"kernel": entry["kernel"], "group": _group(entry), "variant": record["variant"],
                "config": record["config"], "bytes": nbytes, "us": took * 1e6,
@@ -124,7 +125,8 @@ def _sweep(module: Any, entry: dict[str, Any], inputs: list[Any], copy: float) -
         fn = getattr(module, variant["function"])
         for config in _sweep_configs(variant):
             try:
-                took = cuda_tune.seconds(fn, entry, variant, inputs, config, repeat=20)
+                kernel = cuda_tune.compile_here(entry, fn, config)
+                took = cuda_tune.seconds(kernel, entry, variant, inputs, config, repeat=20)
             except Exception:  # out of resources: not a candidate
                 continue
             found.append({"variant": variant["name"], **config, "fraction_of_copy": round(copy / took, 3)})

@@ -115,8 +115,9 @@ def test_the_faster_reduction_variant_wins(cache: Cache, tmp_path: Path) -> None
         best = {}
         for variant in entry["variants"]:
             fn = getattr(module, variant["function"])
-            best[variant["name"]] = min(cuda_tune.seconds(fn, entry, variant, tensors, c)
-                                        for c in variant["configs"])
+            best[variant["name"]] = min(
+                cuda_tune.seconds(cuda_tune.compile_here(entry, fn, c), entry, variant, tensors, c)
+                for c in variant["configs"])
         fast, slow = sorted(best, key=lambda name: best[name])
         if best[slow] > 1.05 * best[fast] * 1.05:  # a clear difference, beyond timing noise
             assert records[entry["key"]]["variant"] == fast, (entry["kernel"], best, records[entry["key"]])
@@ -140,6 +141,40 @@ def test_tune_py_by_hand_tunes_the_kernels_named(cache: Cache, tmp_path: Path) -
     assert list(records) == [first["key"]]
     assert records[first["key"]]["tuned"]
     assert (tmp_path / "cubins" / f"{first['key'][:16]}.cubin").stat().st_size > 0
+
+
+def test_precompile_compiles_candidates_into_triton_cache_without_a_gpu(cache: Cache, tmp_path: Path) -> None:
+    """tune.py's --precompile mode (run beside the tuning workers) needs no GPU and fills
+    triton's cache with the very compile tuning then looks up."""
+    result = compile_model(load_config("mlp"), BuildOptions("cuda", tmp_path / "mlp"), cache)
+    folder = result.entries["gen-tuning-code"].path
+    spec = json.loads((folder / "kernels.json").read_text())
+    entry = spec["kernels"][0]
+    labels = [f"{v['name']}:{i}" for v in entry["variants"] for i in range(len(v["configs"]))][:2]
+    triton_cache = tmp_path / "triton-cache"
+    proc = subprocess.run([sys.executable, str(folder / "tune.py"), "--spec", str(folder / "kernels.json"),
+                           "--arch", "90", "--precompile", ",".join(f"{entry['key']}:{x}" for x in labels)],
+                          capture_output=True, text=True, check=False,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_CACHE_DIR=str(triton_cache)))
+    assert proc.returncode == 0, proc.stderr
+    assert entry["key"][:16] not in proc.stderr  # no candidate failed
+    assert len(list(triton_cache.rglob("*.cubin"))) == len(labels)
+
+
+def test_the_launch_signature_follows_the_function_argument_order() -> None:
+    """triton's launcher packs arguments in the signature's order and the cubin takes them in
+    the function's: explicit_compile must hand triton the signature in the function's order."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from tasks.tune import cuda_tune
+
+    entry = {"signature": {"RBLOCK": "constexpr", "XBLOCK": "constexpr", "in0": "*fp32", "out0": "*fp32",
+                           "rnumel": "i32", "xnumel": "i32"}, "xnumel": 64, "rnumel": 1}
+    fn = SimpleNamespace(arg_names=["in0", "out0", "xnumel", "rnumel", "XBLOCK", "RBLOCK"])
+    with mock.patch("triton.compiler.ASTSource") as source, mock.patch("triton.compile"):
+        cuda_tune.explicit_compile(entry, fn, {"XBLOCK": 64, "RBLOCK": 1, "num_warps": 2, "num_stages": 1}, 90)
+    assert list(source.call_args.kwargs["signature"]) == fn.arg_names
 
 
 def test_cubins_assume_aligned_pointers_and_say_which_ints_divide_by_16() -> None:

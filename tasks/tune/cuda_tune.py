@@ -70,12 +70,10 @@ def grid_of(variant: dict[str, Any], config: dict[str, int]) -> tuple[int, int, 
     return (math.ceil(rows / config["XBLOCK"]) * math.ceil(cols / config["RBLOCK"]), 1, 1)
 
 
-def launch(fn: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: list[Any],
-           config: dict[str, int]) -> Any:
-    """Runs one candidate; returns triton's compiled kernel (for its cubin and metadata)."""
-    return fn[grid_of(variant, config)](*tensors, entry["xnumel"], entry["rnumel"], XBLOCK=config["XBLOCK"],
-                                      RBLOCK=config["RBLOCK"], num_warps=config["num_warps"],
-                                      num_stages=config["num_stages"])
+def launch(kernel: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: list[Any],
+           config: dict[str, int]) -> None:
+    """Runs one compiled candidate (explicit_compile's), with the arguments the wrapper passes."""
+    kernel[grid_of(variant, config)](*tensors, entry["xnumel"], entry["rnumel"])
 
 
 def agrees(got: list[Any], want: list[Any]) -> bool:
@@ -119,7 +117,8 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
         tensors = [_fresh(p) if role == "out" else (t.clone() if role == "inout" else t)
                    for t, p, role in zip(base, entry["params"], roles, strict=True)]
         try:
-            compiled[label] = launch(fn, entry, variant, tensors, config)
+            compiled[label] = compile_here(entry, fn, config)
+            launch(compiled[label], entry, variant, tensors, config)
             torch.cuda.synchronize()
         except Exception as err:  # out of resources, a compile error: this candidate only
             timings[label], errors[label] = None, f"{type(err).__name__}: {str(err)[:300]}"
@@ -130,17 +129,15 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
         elif not agrees(result, reference):
             timings[label], errors[label] = None, "outputs differ from the default candidate's"
             continue
-        timings[label] = seconds(fn, entry, variant, tensors, config)
+        timings[label] = seconds(compiled[label], entry, variant, tensors, config)
     record = _record(entry, timings, errors)
     record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
                "gpu": torch.cuda.get_device_name()}
     if cubins is not None and record["label"] in compiled:
-        # Note: the winner is compiled again, as the untuned path compiles it, rather than
-        # shipping the JIT's cubin: the JIT folds arguments and assumes alignments from the
-        # tensors it saw, and the wrapper launches every cubin with one argument list.
-        major, minor = torch.cuda.get_device_capability()
-        compile_cubin(entry, folder, record["function"], record["config"], major * 10 + minor,
-                      cubins / f"{entry['key'][:16]}")
+        # Note: the cubin shipped is the one timed: every candidate is compiled as the wrapper
+        # launches it (explicit_compile), not by the JIT, which folds arguments and assumes
+        # alignments from the tensors it saw.
+        save_cubin(compiled[record["label"]], cubins / f"{entry['key'][:16]}")
     del base, tensors
     torch.cuda.empty_cache()
     return record
@@ -153,7 +150,7 @@ def _fresh(param: dict[str, Any]) -> Any:
     return torch.empty_strided(param["shape"], param["stride"], dtype=dtype, device="cuda")
 
 
-def seconds(fn: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: list[Any],
+def seconds(kernel: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: list[Any],
             config: dict[str, int], repeat: int = 50) -> float:
     """Median GPU seconds of one launch, by CUDA events.
 
@@ -167,14 +164,14 @@ def seconds(fn: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: li
     import torch
 
     for _ in range(3):
-        launch(fn, entry, variant, tensors, config)
+        launch(kernel, entry, variant, tensors, config)
     pairs = []
     for _ in range(repeat):
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         torch.cuda._sleep(_SLEEP_CYCLES)  # type: ignore[no-untyped-call]
         start.record()
-        launch(fn, entry, variant, tensors, config)
+        launch(kernel, entry, variant, tensors, config)
         end.record()
         pairs.append((start, end))
     torch.cuda.synchronize()
@@ -249,41 +246,36 @@ def explicit_compile(entry: dict[str, Any], fn: Any, config: dict[str, int], arc
     from triton.backends.compiler import GPUTarget
 
     constexprs = {"XBLOCK": config["XBLOCK"], "RBLOCK": config["RBLOCK"]}
-    source = triton.compiler.ASTSource(fn=fn, signature=entry["signature"], constexprs=constexprs,
+    # Note: in the function's argument order (kernels.json keeps its keys sorted): triton's
+    # launcher takes its arguments in the signature's order, the cubin in the function's.
+    signature = {name: entry["signature"][name] for name in fn.arg_names if name in entry["signature"]}
+    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs,
                                        attrs=compile_attrs(entry, list(fn.arg_names)))
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
-def warm_candidate(entry: dict[str, Any], folder: Path, function: str, config: dict[str, int],
-                   arch: int) -> None:
-    """Compiles one candidate into triton's cache twice over, without running it: as the JIT will
-    compile it when tuning launches it (warmup with dtypes: pointers read as 16-byte aligned,
-    as torch's allocations are), and as compile_cubin compiles a winner."""
+def compile_here(entry: dict[str, Any], fn: Any, config: dict[str, int]) -> Any:
+    """explicit_compile for this process's GPU (from triton's cache when precompiled)."""
     import torch
 
-    fn = getattr(load_module(folder / entry["file"]), function)
-    dtypes = [getattr(torch, _TORCH_DTYPES[p["dtype"]]) for p in entry["params"]]
-    fn.warmup(*dtypes, entry["xnumel"], entry["rnumel"], grid=(1,), XBLOCK=config["XBLOCK"],
-              RBLOCK=config["RBLOCK"], num_warps=config["num_warps"], num_stages=config["num_stages"])
-    explicit_compile(entry, fn, config, arch)
+    major, minor = torch.cuda.get_device_capability()
+    return explicit_compile(entry, fn, config, major * 10 + minor)
 
 
 def _precompile_worker(args: argparse.Namespace) -> int:
-    """Warms the candidates listed (key:label,...); a candidate that fails is left to tuning,
-    which records why."""
-    import torch
-
+    """Compiles the candidates listed (key:label,...) into triton's cache, as tuning will
+    compile them; needs no GPU. A candidate that fails is left to tuning, which records why."""
     spec = json.loads(args.spec.read_text())
     folder = args.spec.parent / spec["folder"]
     entries = {e["key"]: e for e in spec["kernels"]}
-    major, minor = torch.cuda.get_device_capability()
     for job in args.precompile.split(","):
         key, label = job.split(":", 1)
         entry = entries[key]
         _, variant, config = next(c for c in candidates(entry) if c[0] == label)
         try:
-            warm_candidate(entry, folder, variant["function"], config, major * 10 + minor)
+            explicit_compile(entry, getattr(load_module(folder / entry["file"]), variant["function"]), config,
+                             args.arch)
         except Exception as err:  # out of resources, a compile error: tuning says so
             print(f"{key[:16]} {label}: {type(err).__name__}: {str(err)[:200]}", file=sys.stderr)
     return 0
@@ -292,15 +284,18 @@ def _precompile_worker(args: argparse.Namespace) -> int:
 # Note: compiling candidates is most of a cold tune, and one process per GPU compiles them one
 # at a time. So, beside the tuning workers, the candidates are compiled into triton's cache by a
 # process per spare core, last kernel first: each tuning worker then finds its candidates
-# compiled (or compiles the first few itself, while the others are being warmed).
-def start_precompile(kernels: Path, keys: list[str], gpus: int, tmp: Path) -> list[subprocess.Popen[bytes]]:
+# compiled (or compiles the first few itself, while the others are being compiled). The
+# compile is the same explicit_compile tuning does, so each candidate is compiled once.
+def start_precompile(kernels: Path, keys: list[str], gpus: int, arch: int,
+                     tmp: Path) -> list[subprocess.Popen[bytes]]:
     spec = json.loads(kernels.read_text())
     entries = {e["key"]: e for e in spec["kernels"]}
     jobs = [f"{key}:{label}" for key in reversed(keys) for label, _, _ in candidates(entries[key])]
-    count = min(len(jobs), max(0, (os.cpu_count() or 1) - gpus), _MAX_PRECOMPILE)
+    count = min(len(jobs), max(0, len(os.sched_getaffinity(0)) - gpus), _MAX_PRECOMPILE)
     procs = []
     for i in range(count):
-        cmd = [sys.executable, __file__, "--spec", str(kernels), "--precompile", ",".join(jobs[i::count])]
+        cmd = [sys.executable, __file__, "--spec", str(kernels), "--arch", str(arch),
+               "--precompile", ",".join(jobs[i::count])]
         with (tmp / f"precompile{i}.err").open("w") as err:
             procs.append(subprocess.Popen(cmd, stderr=err, stdout=subprocess.DEVNULL))
     return procs
@@ -326,7 +321,8 @@ def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int,
     records: dict[str, Any] = {}
     queues = [keys[g::max(1, gpus)] for g in range(max(1, gpus))]
     with tempfile.TemporaryDirectory() as tmp:
-        warming = start_precompile(kernels, keys, max(1, gpus), Path(tmp))
+        arch = _arch(json.loads(kernels.read_text()).get("arch", 90))
+        warming = start_precompile(kernels, keys, max(1, gpus), arch, Path(tmp))
         while any(queues):
             workers = [_Worker(kernels, device, queue, Path(tmp), cubins)
                        for device, queue in enumerate(queues) if queue]
@@ -347,6 +343,22 @@ def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int,
     if on_progress is not None:
         on_progress(len(records), len(keys))
     return records
+
+
+def _arch(spec_arch: int) -> int:
+    """The GPU's compute capability as triton names it (90 on an H200), from nvidia-smi, or the
+    spec's arch where nvidia-smi cannot say.
+
+    Note: not through torch.cuda: this process only starts workers, and CUDA initialised in it
+    would make the kiln process that runs autotune unsafe to fork.
+    """
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, timeout=30, check=True)
+        major, minor = proc.stdout.strip().splitlines()[0].split(".")
+        return int(major) * 10 + int(minor)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return spec_arch
 
 
 class _Worker:
@@ -395,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cubins", type=Path, help="write each winner's cubin and launch facts here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--precompile", help=argparse.SUPPRESS)
+    parser.add_argument("--arch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return _worker(args)

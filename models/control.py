@@ -105,8 +105,8 @@ class NestedModel(nn.Module):
             return i + 1, nxt * 0.9, total + nxt.double().sum(dim=-1), seen | (nxt > 0.5).any(dim=-1)
 
         rows = x.shape[0]
-        start = (h.new_zeros((), dtype=torch.int64), h, torch.zeros(rows, dtype=torch.float64, device=x.device),
-                 torch.zeros(rows, dtype=torch.bool, device=x.device))
+        start = (h.new_zeros((), dtype=torch.int64), h, h.new_zeros(rows, dtype=torch.float64),
+                 h.new_zeros(rows, dtype=torch.bool))
         steps, out, total, seen = loop(cond_fn, body_fn, start)  # type: ignore[no-untyped-call]
         return out, total, seen, steps
 

@@ -173,7 +173,8 @@ def test_the_launch_signature_follows_the_function_argument_order() -> None:
                            "rnumel": "i32", "xnumel": "i32"}, "xnumel": 64, "rnumel": 1}
     fn = SimpleNamespace(arg_names=["in0", "out0", "xnumel", "rnumel", "XBLOCK", "RBLOCK"])
     with mock.patch("triton.compiler.ASTSource") as source, mock.patch("triton.compile"):
-        cuda_tune.explicit_compile(entry, fn, {"XBLOCK": 64, "RBLOCK": 1, "num_warps": 2, "num_stages": 1}, 90)
+        config = {"XBLOCK": 64, "RBLOCK": 1, "num_warps": 2, "num_stages": 1}
+        cuda_tune.explicit_compile(entry, fn, config, 90)
     assert list(source.call_args.kwargs["signature"]) == fn.arg_names
 
 

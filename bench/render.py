@@ -71,7 +71,7 @@ def summary_table(bench: dict[str, Any]) -> Table:
     timer = "CUDA events" if bench["target"] == "cuda" else "perf_counter"
     table.caption = (f"compile: wall seconds of a fresh process up to compiled and ready; peaks: the cold "
                      f"compile's. latency: median of {bench['runs']} calls after {bench['warmup']} "
-                     f"({timer}; {bench['threads']} threads); error: max abs vs eager")
+                     f"({timer}; {bench['threads'] or 'default'} threads); error: max abs vs eager")
     return table
 
 

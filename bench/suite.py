@@ -217,7 +217,8 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = say) -> dict[str,
     start = host_facts()  # the load average before this run adds its own
     with tempfile.TemporaryDirectory(prefix=f"kiln-bench-{config.name}-") as name:
         run = Run(opts, config, Path(name), opts.threads or None, log)
-        machine = run.worker(run.spec("machine", "machine"), "machine")
+        probe = run.worker(run.spec("machine", "machine"), "machine")
+        machine = {k: v for k, v in probe.items() if k not in ("process_s", "peak_rss_bytes")}
         threads = opts.threads or machine.get("threads")
         run = replace(run, threads=threads)
         engines = {}

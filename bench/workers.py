@@ -233,9 +233,11 @@ def machine_job(spec: dict[str, Any]) -> dict[str, Any]:
 
     found: dict[str, Any] = {"torch": torch.__version__, "triton": package_version("triton"),
                              "threads": torch.get_num_threads(), "python": sys.version.split()[0]}
-    if on_gpu(spec):
+    if on_gpu(spec) and torch.cuda.is_available():
         found |= {"gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(),
                   "cuda": torch.version.cuda}
+    elif on_gpu(spec):
+        found["gpu"] = "no GPU visible to torch"
     return found
 
 

@@ -19,6 +19,7 @@ abs error against eager. A step that fails is recorded as an error string; the r
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -37,6 +38,7 @@ STEPS = ("cold", *RECOMPILES, "latency")  # each engine's entries in bench.json
 KILN_ONLY = {"layer_edit": {"skipped": "measured for kiln only"},
              "weight_swap": {"skipped": "measured for kiln only"}}
 LEFT_OUT = {"skipped": "left out by --recompiles"}
+KILN_BUILDS = ("kiln", "kiln-weight-swap", "kiln-layer-edit")  # folders in --out
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class Run:
     @property
     def kiln_build(self) -> Path:
         """The cold kiln build; its weights are the weights every engine runs with."""
-        return self.opts.out / "kiln"
+        return self.opts.out / KILN_BUILDS[0]
 
     def env(self, name: str) -> dict[str, str]:
         """The environment of a child whose caches live in tmp/name, with the model's project on
@@ -134,7 +136,7 @@ def weight_swap(run: Run) -> dict[str, Any]:
         return made
     name = f"{run.config.name}-new-weights"
     path = write_config(run.config, run.tmp / "edits", name, checkpoint=checkpoint)
-    found = without_report(run.kiln(path, run.opts.out / "kiln-weight-swap"))
+    found = without_report(run.kiln(path, run.opts.out / KILN_BUILDS[1]))
     return {**found, "edit": f"a new checkpoint (the weights of seed {seed})"}
 
 
@@ -148,7 +150,7 @@ def layer_edit(run: Run) -> dict[str, Any]:
     # a checkpoint has no weights for the new layer: the edited copy uses seeded weights
     path = write_config(run.config, run.tmp / "edits", f"{run.config.name}-plus-one-layer", kwargs=kwargs,
                         seeded=True)
-    found = without_report(run.kiln(path, run.opts.out / "kiln-layer-edit"))
+    found = without_report(run.kiln(path, run.opts.out / KILN_BUILDS[2]))
     seeded = " (seeded weights: the checkpoint has no new layer)" if run.config.checkpoint else ""
     return {**found, "edit": f"{name} {value} -> {value + 1}{seeded}"}
 
@@ -213,6 +215,8 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = say) -> dict[str,
     """Every selected engine on one model; what bench.json holds. Engines left out by
     opts.engines are present with every step skipped."""
     config = load_config(opts.model)
+    for build in KILN_BUILDS:  # an earlier run's: the other engines must not take its weights
+        shutil.rmtree(opts.out / build, ignore_errors=True)
     opts.out.mkdir(parents=True, exist_ok=True)
     start = host_facts()  # the load average before this run adds its own
     with tempfile.TemporaryDirectory(prefix=f"kiln-bench-{config.name}-") as name:

@@ -1,13 +1,15 @@
 # kiln: two commands on a fresh machine.
 #   make compile MODEL=mlp [TARGET=cpu|cuda]   creates the environment if missing, then compiles
 #   make test                                   ruff, mypy --strict, pytest
+#   make bench MODEL=mlp [TARGET=cpu|cuda]      kiln against eager, torch.compile and AOTInductor
 VENV ?= .venv
 PY := $(VENV)/bin/python
 MODEL ?= mlp
 KILN_FLAGS ?=
+BENCH_FLAGS ?=
 TARGET_FLAG := $(if $(TARGET),--target $(TARGET),)
 
-.PHONY: compile test lint typecheck pytest test-gpu bench-recompile bench-lower-schedule clean env
+.PHONY: compile test lint typecheck pytest test-gpu bench bench-recompile bench-lower-schedule clean env
 
 env: $(VENV)/.ready
 
@@ -25,6 +27,13 @@ test: $(VENV)/.ready
 # On the GPU machine: no environment to build (no network there); use what python3 has.
 test-gpu:
 	python3 scripts/run_gpu_tests.py $(GPU_TEST_ARGS)
+
+# kiln, eager, torch.compile and AOTInductor on one model: a table, kiln's compile profile,
+# build/bench/MODEL-TARGET/bench.json and bench.png; BENCH_FLAGS="--runs 100 --engines kiln,aoti" etc.
+# TARGET=cuda is for the GPU machine: no environment to build there (no network), so python3 itself.
+BENCH_PY := $(if $(filter cuda,$(TARGET)),python3,$(PY))
+bench: $(if $(filter cuda,$(TARGET)),,$(VENV)/.ready)
+	$(BENCH_PY) -m pipeline bench $(MODEL) $(TARGET_FLAG) $(BENCH_FLAGS)
 
 bench-recompile: $(VENV)/.ready
 	$(PY) bench/recompile.py $(MODEL)

@@ -9,99 +9,81 @@ stayed byte-identical (so everything below trace is cut off).
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.edits import write_config  # noqa: E402
+from bench.kiln_runs import kiln_compile, program_digest  # noqa: E402
+from bench.procs import child_env, run_worker  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 
-_CKPT_SCRIPT = """
-import sys, torch
-from safetensors.torch import save_file
-sys.path.insert(0, {root!r})
-from tasks.trace.factory import build_model
-from pipeline.config import load_config
-cfg = load_config({model!r})
-fields = {{k: cfg.job_value(k) for k in cfg.fields}}
-fields["weights.seed"] = {seed}
-module = build_model(fields, cfg.name, cfg.project_root)
-save_file({{k: v.contiguous().clone() for k, v in module.state_dict().items()}}, {path!r})
-"""
+TIMEOUT = 1800.0
 
 
-def kiln(args: list[str], cache: Path) -> tuple[float, dict[str, Any]]:
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache), PYTHONPATH=path)
-    out = cache.parent / "out"
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pipeline", *args, "--quiet", "--target", "cpu",
-                    "--out", str(out)], check=True, env=env, cwd=ROOT, capture_output=True)
-    seconds = time.perf_counter() - t0
-    return seconds, json.loads((out / "report.json").read_text())
+def kiln(config: Path | str, tmp: Path) -> tuple[float, dict[str, Any]]:
+    """One cpu compile on the cache in tmp; its seconds and report (an error stops the benchmark)."""
+    found = kiln_compile(config, "cpu", tmp / "out", child_env(tmp), TIMEOUT)
+    if "error" in found:
+        raise RuntimeError(found["error"])
+    return found["seconds"], found["report"]
 
 
 def statuses(report: dict[str, Any]) -> dict[str, str]:
     return {row["stage"]: row["status"] for row in report["stages"]}
 
 
-def program_digest(cache: Path, report: dict[str, Any]) -> str:
-    key = report["stages"][0]["key"]
-    meta = json.loads((cache / "store" / "objects" / "trace" / key / "meta.json").read_text())
-    return str(meta["artifacts"]["program.json"]["sha256"])
-
-
 def checkpoint(model: str, seed: int, path: Path) -> None:
-    code = _CKPT_SCRIPT.format(root=str(ROOT), model=model, seed=seed, path=str(path))
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    """The model's weights made with another seed, saved to path (bench/workers.py)."""
+    job = {"task": "checkpoint", "model": model, "seed": seed, "path": str(path),
+           "result": str(path.with_suffix(".json"))}
+    found = run_worker(job, child_env(path.parent / "checkpoint"), TIMEOUT)
+    if "error" in found:
+        raise RuntimeError(found["error"])
 
 
 def main(model: str) -> dict[str, Any]:
     config = load_config(model)
     results: dict[str, Any] = {"model": model}
-    with tempfile.TemporaryDirectory() as tmp:
-        cache = Path(tmp) / "cache"
-        results["cold_s"], report = kiln(["compile", model], cache)
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        cache = tmp / "kiln"  # child_env's KILN_CACHE_DIR
+        results["cold_s"], report = kiln(model, tmp)
         base = program_digest(cache, report)
-        noop = [kiln(["compile", model], cache) for _ in range(5)]
+        noop = [kiln(model, tmp) for _ in range(5)]
         results["noop_s"] = statistics.median(s for s, _ in noop)
         results["noop_stages"] = statuses(noop[-1][1])
-        results["comment_edit"] = comment_edit(model, config.field("model.factory"), cache, base)
-        results["checkpoint_swap"] = checkpoint_swap(model, Path(tmp), cache)
+        results["comment_edit"] = comment_edit(model, config.field("model.factory"), tmp, base)
+        results["checkpoint_swap"] = checkpoint_swap(model, tmp)
     return results
 
 
-def comment_edit(model: str, factory: str, cache: Path, base: str) -> dict[str, Any]:
+def comment_edit(model: str, factory: str, tmp: Path, base: str) -> dict[str, Any]:
     source = ROOT / (factory.split(":", maxsplit=1)[0].replace(".", "/") + ".py")
     original = source.read_text()
     try:
         source.write_text(original + "\n# a comment added by bench/recompile.py\n# and another\n")
-        seconds, report = kiln(["compile", model], cache)
+        seconds, report = kiln(model, tmp)
     finally:
         source.write_text(original)
-    same = program_digest(cache, report) == base
+    same = program_digest(tmp / "kiln", report) == base
     return {"file": source.relative_to(ROOT).as_posix(), "seconds": seconds,
             "stages": statuses(report), "program_identical": same}
 
 
-def checkpoint_swap(model: str, tmp: Path, cache: Path) -> dict[str, Any]:
+def checkpoint_swap(model: str, tmp: Path) -> dict[str, Any]:
     ckpt = tmp / "ckpt.safetensors"
     checkpoint(model, 1, ckpt)
-    text = load_config(model).path.read_text()
-    cfg = tmp / "configs" / f"{model}-ckpt.toml"
-    cfg.parent.mkdir()
-    cfg.write_text(text.replace("[weights]", f'[weights]\ncheckpoint = "{ckpt}"'))
-    _, first = kiln(["compile", str(cfg)], cache)
+    cfg = write_config(load_config(model), tmp, f"{model}-ckpt", checkpoint=ckpt)
+    _, first = kiln(cfg, tmp)
     checkpoint(model, 2, ckpt)
-    seconds, report = kiln(["compile", str(cfg)], cache)
-    same = program_digest(cache, report) == program_digest(cache, first)
+    seconds, report = kiln(cfg, tmp)
+    same = program_digest(tmp / "kiln", report) == program_digest(tmp / "kiln", first)
     return {"seconds": seconds, "stages": statuses(report), "program_identical": same}
 
 

@@ -5,12 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 Columns = tuple[tuple[str, tuple[str, ...]], ...]
-ERROR_CHARS = 2000  # the end of an error message kept in results
-
-
-def tail(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return "\n".join(lines[-12:])[-ERROR_CHARS:]
 
 
 def pick(result: dict[str, Any], *keys: str) -> float | None:

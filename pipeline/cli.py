@@ -1,10 +1,11 @@
-"""The `kiln` command line: compile, report, run, explain, stages, cache."""
+"""The `kiln` command line: compile, report, run, bench, explain, stages, cache."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -37,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a build on random inputs; compare with eager")
     _model_args(run)
     run.add_argument("--repeat", type=int, default=20, help="timed calls (median reported)")
+    _bench_args(sub.add_parser("bench", help="kiln against eager, torch.compile and AOTInductor"))
     e = sub.add_parser("explain", help="say which stages would rerun, and why")
     _model_args(e)
     sub.add_parser("stages", help="list the stage table")
@@ -50,10 +52,43 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+def _model_args(p: argparse.ArgumentParser, out_help: str = "build folder (default: build/MODEL)") -> None:
     p.add_argument("model", help="a config name in configs/ (e.g. mlp) or a .toml path")
     p.add_argument("--target", choices=TARGETS, help="cpu or cuda (default: cuda if a GPU is visible)")
-    p.add_argument("--out", type=Path, help="build folder (default: build/MODEL)")
+    p.add_argument("--out", type=Path, help=out_help)
+
+
+# bench/suite.py's ENGINES and RECOMPILES (spelt with "-" here), not imported: `kiln --help` stays cheap
+BENCH_ENGINES = ("kiln", "eager", "torch.compile", "aoti")
+BENCH_RECOMPILES = ("warm", "weight-swap", "layer-edit")
+
+
+def _picks(known: tuple[str, ...], allow_none: bool) -> Callable[[str], tuple[str, ...]]:
+    """A parser of a comma-separated subset of known (or "none", where allowed)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        picked = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+        if allow_none and picked == ("none",):
+            return ()
+        if not picked or any(name not in known for name in picked):
+            raise argparse.ArgumentTypeError(f"pick from {','.join(known)}; got {text!r}")
+        return picked
+
+    return parse
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    _model_args(p, out_help="folder of bench.json, bench.png and kiln's builds "
+                            "(default: build/bench/MODEL-TARGET)")
+    p.add_argument("--engines", type=_picks(BENCH_ENGINES, False), default=BENCH_ENGINES, metavar="LIST",
+                   help=f"comma-separated, from {','.join(BENCH_ENGINES)} (default: all)")
+    p.add_argument("--recompiles", type=_picks(BENCH_RECOMPILES, True), default=BENCH_RECOMPILES,
+                   metavar="LIST", help=f"after the cold compile, from {','.join(BENCH_RECOMPILES)}, "
+                                        "or none (default: all; warm is every engine's, the edits kiln's)")
+    p.add_argument("--runs", type=int, default=50, help="timed calls per engine (median reported)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed calls before them")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for every process (default: torch's)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds for any one process")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +122,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.cache_command(args, _out)
     config = load_config(args.model)
     target = args.target or _config_target(config.field("model.device"))
+    if args.command == "bench":
+        out = args.out or Path.cwd() / "build" / "bench" / f"{config.name}-{target}"
+        return commands.bench_command(args, config, target, out, _out)
     out = args.out or Path.cwd() / "build" / config.name
     if args.command == "compile":
         return commands.compile_command(args, config, target, out, _out, _err)

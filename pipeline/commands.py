@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from rich.console import Console
@@ -64,6 +65,28 @@ def run_command(config: ModelConfig, out: Path, repeat: int, console: Console) -
     kiln_ms, eager_ms = result.kiln_seconds * 1e3, result.eager_seconds * 1e3
     console.print(f"  latency: kiln {kiln_ms:.3f} ms, eager {eager_ms:.3f} ms"
                   f" ({ratio:.2f}x eager's time; median of {repeat})")
+    return 0
+
+
+def bench_command(args: argparse.Namespace, config: ModelConfig, target: str, out: Path,
+                  console: Console) -> int:
+    """kiln, eager, torch.compile and AOTInductor on one model (bench/suite.py): the table,
+    kiln's compile profile, out/bench.json and out/bench.png."""
+    from bench.chart import write_chart
+    from bench.render import print_bench
+    from bench.suite import BenchOptions, run_bench
+
+    if args.runs < 1 or args.warmup < 0:
+        raise KilnError("--runs must be at least 1 and --warmup at least 0")
+    recompiles = tuple(step.replace("-", "_") for step in args.recompiles)
+    options = BenchOptions(str(config.path), target, out.resolve(), engines=args.engines,
+                           recompiles=recompiles, runs=args.runs, warmup=args.warmup, timeout=args.timeout,
+                           threads=args.threads)
+    bench = run_bench(options)
+    (out / "bench.json").write_text(json.dumps(bench, indent=2) + "\n")
+    print_bench(bench, console)
+    console.print(f"\nwrote {out / 'bench.json'}")
+    console.print(write_chart(bench, out / "bench.png"))
     return 0
 
 

@@ -93,7 +93,14 @@ def check_control_flow(program: torch.export.ExportedProgram, model: str, root: 
 
 
 def program_json(program: torch.export.ExportedProgram) -> bytes:
-    artifact = serialize(program)
+    # Note: only the graph's JSON is kept (the weights go to safetensors), so where torch can
+    # skip them the weights are not pickled too: that was ~2 s of bert's trace. An older torch
+    # without the switch pickles them anyway.
+    try:
+        artifact = serialize(program, serialize_state_dict=False, serialize_constants=False,
+                             serialize_example_inputs=False)
+    except TypeError:
+        artifact = serialize(program)
     data = json.loads(artifact.exported_program)
     _strip_metadata(data["graph_module"])
     return canonical_json(data)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,6 +177,17 @@ def test_the_launch_signature_follows_the_function_argument_order() -> None:
         config = {"XBLOCK": 64, "RBLOCK": 1, "num_warps": 2, "num_stages": 1}
         cuda_tune.explicit_compile(entry, fn, config, 90)
     assert list(source.call_args.kwargs["signature"]) == fn.arg_names
+
+    class Launcher:  # triton's: one argument per signature entry, constexprs included
+        def __getitem__(self, grid: tuple[int, ...]) -> Any:
+            def run(*args: Any) -> None:
+                assert len(args) == len(entry["signature"])  # type: ignore[arg-type]
+                launched.append(args)
+            return run
+
+    launched: list[tuple[Any, ...]] = []
+    cuda_tune.launch(Launcher(), entry, {"tile": [64, 1]}, ["x", "y"], config)
+    assert launched == [("x", "y", 64, 1, 64, 1)]
 
 
 def test_cubins_assume_aligned_pointers_and_say_which_ints_divide_by_16() -> None:

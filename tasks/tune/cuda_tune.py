@@ -72,8 +72,10 @@ def grid_of(variant: dict[str, Any], config: dict[str, int]) -> tuple[int, int, 
 
 def launch(kernel: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: list[Any],
            config: dict[str, int]) -> None:
-    """Runs one compiled candidate (explicit_compile's), with the arguments the wrapper passes."""
-    kernel[grid_of(variant, config)](*tensors, entry["xnumel"], entry["rnumel"])
+    """Runs one compiled candidate (explicit_compile's) on the wrapper's arguments. Triton's
+    launcher takes every parameter of the signature, the constexprs too (it skips them)."""
+    kernel[grid_of(variant, config)](*tensors, entry["xnumel"], entry["rnumel"], config["XBLOCK"],
+                                     config["RBLOCK"])
 
 
 def agrees(got: list[Any], want: list[Any]) -> bool:
@@ -117,12 +119,13 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
         tensors = [_fresh(p) if role == "out" else (t.clone() if role == "inout" else t)
                    for t, p, role in zip(base, entry["params"], roles, strict=True)]
         try:
-            compiled[label] = compile_here(entry, fn, config)
-            launch(compiled[label], entry, variant, tensors, config)
+            kernel = compile_here(entry, fn, config)
+            launch(kernel, entry, variant, tensors, config)
             torch.cuda.synchronize()
         except Exception as err:  # out of resources, a compile error: this candidate only
             timings[label], errors[label] = None, f"{type(err).__name__}: {str(err)[:300]}"
             continue
+        compiled[label] = kernel  # only a candidate that ran can be shipped
         result = [tensors[i].cpu() for i in outputs]
         if reference is None:
             reference = result

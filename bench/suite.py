@@ -207,6 +207,21 @@ BENCHES: dict[str, Callable[[Run], dict[str, Any]]] = {
 # ---- the run ----
 
 
+def step_figures(steps: dict[str, Any]) -> str:
+    """One line of an engine's figures, logged as soon as it is done (a run cut short by a time
+    limit still says what it measured)."""
+    parts = []
+    for step in STEPS:
+        found = steps.get(step, {})
+        if "error" in found:
+            parts.append(f"{step} error")
+        elif step == "latency" and "median_ms" in found:
+            parts.append(f"latency {found['median_ms']:.3f} ms")
+        elif "seconds" in found:
+            parts.append(f"{step} {found['seconds']:.2f} s")
+    return ", ".join(parts) or "nothing measured"
+
+
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -231,6 +246,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = say) -> dict[str,
                 run.log(f"bench {config.name} ({opts.target}): {engine}")
                 found = BENCHES[engine](run)
                 engines[engine] = {step: found[step] for step in STEPS}
+                run.log(f"  {engine}: {step_figures(engines[engine])}")
             else:
                 engines[engine] = {step: {"skipped": "left out by --engines"} for step in STEPS}
     return {"model": config.name, "config": str(config.path), "target": opts.target,

@@ -5,20 +5,30 @@ Usage: python3 scripts/run_gpu_tests.py [--jobs N] [--logs DIR] [PYTEST_ARGS ...
 Note: one process per test, so a native crash (a segfault in a model's run, say) fails that test
 and the others still run and report; and the device machine's minutes go further with several
 tests at once (compiles and tuning of different models overlap on its cores). Each test's whole
-output is kept in DIR/<n>.log; the failures' tails are printed at the end.
+output is kept in DIR/<n>.log; the failures' tails are printed at the end. Each test runs in a
+process group of its own, and when this script is stopped (SIGTERM from `timeout`, Ctrl-C) it
+kills those groups: a test left running would load the GPU and the cores under whatever the
+caller runs next (a benchmark, say).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TAIL = 60  # lines of a failing test's log printed at the end
+_running: set[subprocess.Popen[bytes]] = set()
+_lock = threading.Lock()
+_stopping = threading.Event()
 
 
 def collect(extra: list[str]) -> list[str]:
@@ -38,12 +48,29 @@ def run_one(index: int, node: str, logs: Path) -> tuple[str, str, float, Path]:
         out.flush()
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", "-m", "gpu",
                node]
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False)
+        with _lock:
+            if _stopping.is_set():
+                return node, "not run", 0.0, log
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            _running.add(proc)
+        proc.wait()
+        with _lock:
+            _running.discard(proc)
     seconds = time.perf_counter() - started
     status = {0: "passed", 1: "FAILED", 5: "skipped"}.get(proc.returncode, f"CRASHED ({proc.returncode})")
     if status == "passed" and " skipped" in log.read_text().splitlines()[-1]:
         status = "skipped"
     return node, status, seconds, log
+
+
+def stop_all() -> None:
+    """Kills every test still running, with whatever it started (its process group)."""
+    with _lock:
+        _stopping.set()
+        for proc in _running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main() -> int:
@@ -56,12 +83,17 @@ def main() -> int:
     print(f"{len(nodes)} gpu tests, {args.jobs} at a time; logs in {args.logs}", flush=True)
     started = time.perf_counter()
     results = []
-    with ThreadPoolExecutor(args.jobs) as pool:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # as `timeout` reports it
+    pool = ThreadPoolExecutor(args.jobs)
+    try:
         futures = [pool.submit(run_one, i, node, args.logs) for i, node in enumerate(nodes)]
         for future in futures:
             node, status, seconds, log = future.result()
             results.append((node, status, log))
             print(f"{status:>12} {seconds:7.1f} s  {node}", flush=True)
+    finally:
+        stop_all()
+        pool.shutdown(wait=False, cancel_futures=True)
     failed = [(node, log) for node, status, log in results if status not in ("passed", "skipped")]
     for node, log in failed:
         print(f"\n==== {node} ({log.name}) ====")

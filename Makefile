@@ -20,7 +20,7 @@ compile: $(VENV)/.ready
 	$(PY) -m pipeline compile $(MODEL) $(TARGET_FLAG) $(KILN_FLAGS)
 
 # Note: the tests spread over the cores (pytest-xdist), a file's tests on one worker so each
-# file's shared fixtures (a module's compile cache) are built once: on CI's 2 cores the suite
+# file's shared fixtures (a module's compile cache) are built once: on a 2-core machine the suite
 # took 18:42 one at a time and 11:30 this way.
 test: $(VENV)/.ready
 	$(VENV)/bin/ruff check .

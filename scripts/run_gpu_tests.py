@@ -57,6 +57,8 @@ def run_one(index: int, node: str, logs: Path) -> tuple[str, str, float, Path]:
         proc.wait()
         with _lock:
             _running.discard(proc)
+        with contextlib.suppress(ProcessLookupError):  # whatever the test left running
+            os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.perf_counter() - started
     status = {0: "passed", 1: "FAILED", 5: "skipped"}.get(proc.returncode, f"CRASHED ({proc.returncode})")
     if status == "passed" and " skipped" in log.read_text().splitlines()[-1]:
@@ -66,6 +68,8 @@ def run_one(index: int, node: str, logs: Path) -> tuple[str, str, float, Path]:
 
 def stop_all() -> None:
     """Kills every test still running, with whatever it started (its process group)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut this short
+        signal.signal(sig, signal.SIG_IGN)
     with _lock:
         _stopping.set()
         for proc in _running:

@@ -66,8 +66,8 @@ def test_a_branch_the_example_inputs_never_take_is_tuned_and_runs(target: str, t
     report = json.loads((out / "report.json").read_text())
     assert {p for row in report["kernels"] for p in row["places"]} == set(places)
     if target == "cuda":  # kernels in branches are tuned one at a time too: peak is one kernel's
-        peak = max(r["peak_bytes"] for r in records.values())
-        assert peak <= 1.2 * max(r["inputs_bytes"] for r in records.values()) + 2**20
+        for r in records.values():  # slack: the allocator rounds each tensor up to 512 bytes
+            assert r["peak_bytes"] <= 1.2 * r["inputs_bytes"] + 8192, r
 
     compiled = load(out)
     for inputs in examples:

@@ -144,9 +144,12 @@ def test_tune_py_by_hand_tunes_the_kernels_named(cache: Cache, tmp_path: Path) -
     assert (tmp_path / "cubins" / f"{first['key'][:16]}.cubin").stat().st_size > 0
 
 
-def test_precompile_compiles_candidates_into_triton_cache_without_a_gpu(cache: Cache, tmp_path: Path) -> None:
+def test_precompile_compiles_candidates_into_triton_cache_without_a_gpu(
+        cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """tune.py's --precompile mode (run beside the tuning workers) needs no GPU and fills
-    triton's cache with the very compile tuning then looks up."""
+    triton's cache with the very compile tuning then looks up (a cache hit: nothing new)."""
+    from tasks.tune import cuda_tune
+
     result = compile_model(load_config("mlp"), BuildOptions("cuda", tmp_path / "mlp"), cache)
     folder = result.entries["gen-tuning-code"].path
     spec = json.loads((folder / "kernels.json").read_text())
@@ -160,6 +163,12 @@ def test_precompile_compiles_candidates_into_triton_cache_without_a_gpu(cache: C
     assert proc.returncode == 0, proc.stderr
     assert entry["key"][:16] not in proc.stderr  # no candidate failed
     assert len(list(triton_cache.rglob("*.cubin"))) == len(labels)
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_cache))
+    module = cuda_tune.load_module(folder / spec["folder"] / entry["file"])
+    for _, variant, config in cuda_tune.candidates(entry)[:3]:  # the third one was not precompiled
+        cuda_tune.explicit_compile(entry, getattr(module, variant["function"]), config, 90)
+    assert len(list(triton_cache.rglob("*.cubin"))) == len(labels) + 1
 
 
 def test_the_launch_signature_follows_the_function_argument_order() -> None:

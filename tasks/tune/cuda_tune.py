@@ -207,8 +207,9 @@ def save_cubin(kernel: Any, stem: Path) -> None:
 
 
 def _folded_arguments(kernel: Any) -> list[str]:
-    """Arguments the compile made constants (the JIT folds an int equal to 1, rnumel of a
-    pointwise kernel, say): the cubin does not take them, so the wrapper must not pass them."""
+    """Arguments the compile made constants: the cubin does not take them, so the wrapper must
+    not pass them. explicit_compile folds none (the JIT's compile folded an int equal to 1, a
+    pointwise kernel's rnumel, say); the record stays so the wrapper's contract is explicit."""
     src = getattr(kernel, "src", None)
     fn = getattr(src, "fn", None)
     names = list(getattr(fn, "arg_names", []))
@@ -269,16 +270,21 @@ def compile_here(entry: dict[str, Any], fn: Any, config: dict[str, int]) -> Any:
 def _precompile_worker(args: argparse.Namespace) -> int:
     """Compiles the candidates listed (key:label,...) into triton's cache, as tuning will
     compile them; needs no GPU. A candidate that fails is left to tuning, which records why."""
+    if args.arch is None:
+        print("--precompile needs --arch (90 for an H200)", file=sys.stderr)
+        return 2
     spec = json.loads(args.spec.read_text())
     folder = args.spec.parent / spec["folder"]
     entries = {e["key"]: e for e in spec["kernels"]}
+    modules: dict[str, ModuleType] = {}
     for job in args.precompile.split(","):
         key, label = job.split(":", 1)
         entry = entries[key]
         _, variant, config = next(c for c in candidates(entry) if c[0] == label)
         try:
-            explicit_compile(entry, getattr(load_module(folder / entry["file"]), variant["function"]), config,
-                             args.arch)
+            if key not in modules:
+                modules[key] = load_module(folder / entry["file"])
+            explicit_compile(entry, getattr(modules[key], variant["function"]), config, args.arch)
         except Exception as err:  # out of resources, a compile error: tuning says so
             print(f"{key[:16]} {label}: {type(err).__name__}: {str(err)[:200]}", file=sys.stderr)
     return 0
@@ -324,44 +330,68 @@ def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int,
     records: dict[str, Any] = {}
     queues = [keys[g::max(1, gpus)] for g in range(max(1, gpus))]
     with tempfile.TemporaryDirectory() as tmp:
-        arch = _arch(json.loads(kernels.read_text()).get("arch", 90))
-        warming = start_precompile(kernels, keys, max(1, gpus), arch, Path(tmp))
-        while any(queues):
-            workers = [_Worker(kernels, device, queue, Path(tmp), cubins)
-                       for device, queue in enumerate(queues) if queue]
-            while any(w.running() for w in workers):
-                if on_progress is not None:
-                    on_progress(len(records) + sum(len(w.done()) for w in workers), len(keys))
-            for w in workers:
-                done = w.done()
-                records.update((r["key"], r) for r in done)
-                rest = w.queue[len(done):]
-                if rest:  # the worker stopped on rest[0]: that kernel fails, the others go on
-                    failed, rest = rest[0], rest[1:]
-                    records[failed] = {"key": failed, "tuned": False, "errors": {"worker": w.why()}}
-                queues[w.device] = rest
-        for proc in warming:  # done by now, or compiling what nobody needs any more
-            proc.kill()
-            proc.wait()
+        arch = _arch()
+        warming = [] if arch is None else start_precompile(kernels, keys, max(1, gpus), arch, Path(tmp))
+        workers: list[_Worker] = []
+        try:
+            while any(queues):
+                workers = [_Worker(kernels, device, queue, Path(tmp), cubins)
+                           for device, queue in enumerate(queues) if queue]
+                while any(w.running() for w in workers):
+                    if on_progress is not None:
+                        on_progress(len(records) + sum(len(w.done()) for w in workers), len(keys))
+                for w in workers:
+                    _collect(w, records, queues)
+        finally:  # precompiles are done by now or compiling what nobody needs; on an error, all
+            _stop([*warming, *(w.proc for w in workers)])
     if on_progress is not None:
         on_progress(len(records), len(keys))
     return records
 
 
-def _arch(spec_arch: int) -> int:
-    """The GPU's compute capability as triton names it (90 on an H200), from nvidia-smi, or the
-    spec's arch where nvidia-smi cannot say.
+def _collect(w: _Worker, records: dict[str, Any], queues: list[list[str]]) -> None:
+    """A finished worker's records; the kernel it died on (if it did) fails, the rest go on."""
+    done = w.done()
+    records.update((r["key"], r) for r in done)
+    rest = w.queue[len(done):]
+    if rest:
+        failed, rest = rest[0], rest[1:]
+        records[failed] = {"key": failed, "tuned": False, "errors": {"worker": w.why()}}
+    queues[w.device] = rest
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Ends processes politely (triton then cleans up its partial cache files), then firmly."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _arch() -> int | None:
+    """The compute capability of the first GPU this process may use, as triton names it (90 on
+    an H200), from nvidia-smi; None where nvidia-smi cannot say (then nothing is precompiled).
 
     Note: not through torch.cuda: this process only starts workers, and CUDA initialised in it
     would make the kiln process that runs autotune unsafe to fork.
     """
     try:
-        proc = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", "-i", "0"],
-                              capture_output=True, text=True, timeout=30, check=True)
+        query = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", "-i", _physical_gpu(0)]
+        proc = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True)
         major, minor = proc.stdout.strip().splitlines()[0].split(".")
         return int(major) * 10 + int(minor)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return spec_arch
+        return None
+
+
+def _physical_gpu(index: int) -> str:
+    """The GPU behind visible index `index`, under this process's CUDA_VISIBLE_DEVICES."""
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[index] if index < len(visible) else str(index)
 
 
 class _Worker:
@@ -371,7 +401,7 @@ class _Worker:
         self.device, self.queue = device, queue
         self.out, self.err = tmp / f"gpu{device}.jsonl", tmp / f"gpu{device}.err"
         self.out.write_text("")
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(device))
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=_physical_gpu(device))
         cmd = [sys.executable, __file__, "--spec", str(kernels), "--worker", ",".join(queue),
                "--out", str(self.out), *(["--cubins", str(cubins)] if cubins else [])]
         with self.err.open("w") as err:

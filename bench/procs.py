@@ -108,6 +108,13 @@ def run_measured(cmd: list[str], env: dict[str, str], timeout: float) -> Finishe
                     killed.is_set())
 
 
+# Note: a worker that measures more than one thing (a compile, then the latency of what it
+# compiled) writes its result before each later step, naming that step under UNFINISHED. A native
+# crash there (a segfault in a loaded package, say) then costs that step's figures only: the step
+# gets the crash as its error and the figures before it stand.
+UNFINISHED = "unfinished"
+
+
 def run_worker(spec: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
     """Run one bench/workers.py job in a fresh process: its result with process_s and
     peak_rss_bytes added, or {"error": ...}."""
@@ -116,10 +123,13 @@ def run_worker(spec: dict[str, Any], env: dict[str, str], timeout: float) -> dic
     cmd = [sys.executable, "-m", "bench.workers", json.dumps(spec)]
     done = run_measured(cmd, env, timeout)
     failed = done.failure(f"{spec['task']} worker")
-    if failed is not None or not result.is_file():
+    found: dict[str, Any] = json.loads(result.read_text()) if result.is_file() else {}
+    step = found.pop(UNFINISHED, None)
+    if step is not None:
+        found[step] = {"error": failed or f"{spec['task']} worker stopped in its {step} step: {done.output}"}
+    elif failed is not None or not found:
         return {"error": failed or f"{spec['task']} worker wrote no result: {done.output}",
                 "process_s": done.seconds}
-    found: dict[str, Any] = json.loads(result.read_text())
     found["process_s"] = done.seconds
     found["peak_rss_bytes"] = done.peak_rss_bytes
     if isinstance(found.get("ready_at"), float):

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.procs import error_text
+from bench.procs import UNFINISHED, error_text
 
 Job = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -192,6 +192,7 @@ def compile_job(spec: dict[str, Any]) -> dict[str, Any]:
                                  "peak_rss_bytes_ready": peak_rss_bytes(),
                                  "peak_gpu_bytes": peak_gpu_bytes(spec)}
         if spec.get("latency"):
+            write_result(spec, {**found, UNFINISHED: "latency"})
             try:
                 t0 = time.perf_counter()
                 fn = loaded(spec["engine"], spec, module) if fn is None else fn
@@ -245,6 +246,14 @@ JOBS: dict[str, Job] = {"machine": machine_job, "compile": compile_job, "latency
                         "checkpoint": checkpoint_job, "layer-knob": layer_knob_job}
 
 
+def write_result(spec: dict[str, Any], found: dict[str, Any]) -> None:
+    """Write whole, then rename: a reader never sees half a result."""
+    result = Path(spec["result"])
+    partial = result.with_name(result.name + ".partial")
+    partial.write_text(json.dumps(found) + "\n")
+    partial.replace(result)
+
+
 def main(argv: list[str]) -> int:
     """Write the job's result, or the error it raised, to spec["result"]."""
     spec = json.loads(argv[0])
@@ -252,7 +261,7 @@ def main(argv: list[str]) -> int:
         found = JOBS[spec["task"]](spec)
     except Exception as err:  # a failed engine is a result, not the end of the run
         found = {"error": error_text(err)}
-    Path(spec["result"]).write_text(json.dumps(found) + "\n")
+    write_result(spec, found)
     return 0
 
 

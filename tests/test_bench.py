@@ -14,7 +14,7 @@ import pytest
 
 from bench.chart import write_chart
 from bench.edits import dump_toml, layer_knob, write_config
-from bench.procs import child_env, run_measured, run_worker
+from bench.procs import UNFINISHED, child_env, run_measured, run_worker
 from bench.suite import ENGINES, STEPS
 from pipeline.cli import main
 from pipeline.config import PROJECT_ROOT, load_config
@@ -77,6 +77,21 @@ def test_a_failing_worker_is_an_error_string(tmp_path: Path) -> None:
     spec = {"task": "no-such-task", "result": str(tmp_path / "r.json")}
     found = run_worker(spec, child_env(tmp_path / "c"), timeout=60)
     assert found["error"] == "KeyError: 'no-such-task'"
+
+
+def test_a_worker_that_crashes_in_a_later_step_keeps_the_figures_before_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = tmp_path / "r.json"
+    compiled = {"ready_at": 1.0, "phases": {"compile_s": 2.0}, UNFINISHED: "latency"}
+    crash = (f"import os, pathlib, signal; pathlib.Path({str(result)!r}).write_text("
+             f"{json.dumps(compiled)!r}); os.kill(os.getpid(), signal.SIGSEGV)")
+    monkeypatch.setattr("bench.procs.run_measured",
+                        lambda cmd, env, timeout: run_measured([sys.executable, "-c", crash], env, timeout))
+    found = run_worker({"task": "compile", "result": str(result)}, child_env(tmp_path / "c"), timeout=60)
+    assert found["phases"] == {"compile_s": 2.0}
+    assert "ready_s" in found
+    assert UNFINISHED not in found
+    assert found["latency"]["error"].startswith("compile worker exited -11")
 
 
 def test_chart_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,8 +4,11 @@ and a cache per kernel, so an edit to one layer re-tunes only that layer's kerne
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+from pipeline.config import PROJECT_ROOT
 from tests.conftest import kiln
 
 LAYERS_MODEL = '''
@@ -58,3 +61,15 @@ def test_the_cuda_target_builds_and_links_through_the_cli(project: Path, tmp_pat
     assert rows["gen-cpp"]["status"] == "ran"
     assert rows["link"]["status"] == "ran"
     assert (project / "build" / "toy" / "model.so").is_file()
+
+
+def test_stages_after_lower_start_without_torch() -> None:
+    """Each stage runs in a fresh worker, and importing torch costs that worker seconds: only
+    trace and lower need it (the CPU tuner imports it when it runs, the cuda one never)."""
+    entries = ["tasks.schedule.stage", "tasks.gen_tuning.stage", "tasks.autotune.stage",
+               "tasks.autotune.cuda", "tasks.gen_cpp.stage", "tasks.link.stage"]
+    code = (f"import importlib, sys; [importlib.import_module(m) for m in {entries!r}]; "
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=PROJECT_ROOT)
+    assert proc.stdout.strip() == "False"

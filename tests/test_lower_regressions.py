@@ -64,3 +64,22 @@ def test_a_lowering_that_returns_the_wrong_shape_is_caught(monkeypatch: pytest.M
 def test_an_epilogue_after_a_matmul_says_why_it_is_not_fused() -> None:
     c = compile_fn(lambda a, b: torch.relu(a @ b + 1).sum(1), torch.randn(4, 5), torch.randn(5, 6))
     assert "it is a call (extern), and calls are never fused" in c.dumps["main/refused.txt"]
+
+
+def test_attentions_that_read_one_boolean_mask_share_its_conversion() -> None:
+    """One additive mask for every attention that reads the boolean mask: a conversion each
+    made one kernel with an output per layer, so its key and tuning changed with the depth."""
+    q = torch.randn(1, 2, 8, 4)
+    mask = torch.rand(1, 1, 8, 8) > 0.3
+    mask[..., 0] = True  # no row fully masked
+
+    def layers(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            x = torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=m) + x
+        return x
+
+    compiled = compile_fn(layers, q, mask)
+    masks = [k for k in compiled.schedule.kernels
+             if any(o.startswith("scaled_dot_product_attention") for o in k.origins)]
+    assert len(masks) == 1
+    assert [p.role for p in masks[0].params] == ["in", "out"]

@@ -1,30 +1,16 @@
-"""The autotune stage's entry: kernels.json -> tuning.json, one cache entry per kernel.
+"""The autotune stage's entry: the cpu or the cuda tuner, by target.
 
-Note: each kernel's record is cached under a key of its own (its variants' sources, the
-compiler and flags, the tuner's code), so a one-layer edit re-tunes only the kernels whose
-source changed; all the others are found in the cache.
+Note: each target's module is imported only when it runs. The CPU tuner imports torch (its
+timing harness), which costs a cuda compile's autotune worker ~3 s for nothing: that worker only
+drives tune.py's processes.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from cache.hashing import digest_file, digest_json, pretty_json
-from pipeline.errors import KilnError
 from pipeline.job import StageJob
-from tasks.autotune.coverage import coverage, coverage_text, with_places
-from tasks.tune import cpu_tune
-
-TUNING = "tuning.json"  # decisions only: what later stages read, so it is deterministic
-TIMINGS = "timings.json"  # the measurements behind them, for people and the report
-OBJECTS = "objects"  # <key16>.o: each kernel's winning variant, compiled; link links them
-OBJECT = "kernel.o"
-REPEAT = 10
 
 
 def run(job: StageJob) -> Mapping[str, Any]:
@@ -32,64 +18,6 @@ def run(job: StageJob) -> Mapping[str, Any]:
         from tasks.autotune import cuda
 
         return cuda.run(job)
-    kernels_json = job.input("gen-tuning-code/kernels.json")
-    spec = json.loads(kernels_json.read_text())
-    folder = kernels_json.parent / spec["folder"]
-    compiler = [shutil.which(spec["compiler"][0]) or spec["compiler"][0], *spec["compiler"][1:]]
-    items = job.items()
-    tuner = digest_file(Path(cpu_tune.__file__))
-    records: dict[str, Any] = {}
-    hits = 0
-    used: list[str] = []
-    parts = {e["key"]: _item_parts(e, folder, spec["compiler"], job.env, tuner) for e in spec["kernels"]}
-    missing = [e for e in spec["kernels"] if items.lookup(parts[e["key"]]) is None]
-    objects = job.out_dir / OBJECTS
-    objects.mkdir()
-    with tempfile.TemporaryDirectory() as tmp:
-        # Note: the builds of every kernel not in the cache run in parallel first; timing then
-        # runs one kernel at a time, so no two measurements share the CPU.
-        built = cpu_tune.build_variants(missing, folder, compiler, Path(tmp))
-        for entry in spec["kernels"]:
+    from tasks.autotune import cpu
 
-            def compute(out: Path, entry: dict[str, Any] = entry) -> dict[str, Any]:
-                return _tune(entry, folder, compiler, built.get(entry["key"]), out)
-
-            item, hit = items.get_or_compute(parts[entry["key"]], compute)
-            hits += hit
-            used.append(f"{item.stage}/{item.key}")
-            records[entry["key"]] = json.loads(item.file("record.json").read_text())
-            job.progress(len(records), len(spec["kernels"]), "kernels")
-            shutil.copyfile(item.file(OBJECT), objects / f"{entry['key'][:16]}.o")
-    decisions = {key: {"variant": r["variant"], "config": r["config"],
-                       "object": digest_file(objects / f"{key[:16]}.o")} for key, r in records.items()}
-    (job.out_dir / TUNING).write_text(pretty_json(decisions))
-    records = with_places(records, spec["kernels"])
-    (job.out_dir / TIMINGS).write_text(pretty_json(records))
-    covered = coverage(records)
-    note = f"{coverage_text(covered)} ({hits} cached)"
-    return {"kernels": len(records), "cached": hits, "coverage": covered, "items": used, "summary": note}
-
-
-def _tune(entry: dict[str, Any], folder: Path, compiler: list[str], built: cpu_tune.Built | None,
-          out: Path) -> dict[str, Any]:
-    """One kernel's cache item: its record, and the object of the winning variant."""
-    with tempfile.TemporaryDirectory() as tmp:
-        if built is None:
-            built = cpu_tune.build_variants([entry], folder, compiler, Path(tmp))[entry["key"]]
-        record = cpu_tune.tune_kernel(entry, folder, compiler, REPEAT, built)
-        winner = built[record["variant"]]
-        if isinstance(winner, str):
-            raise KilnError(f"kernel {entry['names'][0]}: no variant builds ({winner})",
-                            "this is a bug in kiln's C++ code generation; please report it")
-        shutil.copyfile(winner.with_suffix(".o"), out / OBJECT)
-    (out / "record.json").write_text(pretty_json(record))
-    return {"variant": record["variant"]}
-
-
-def _item_parts(entry: dict[str, Any], folder: Path, compiler: list[str], env: Mapping[str, str],
-                tuner: str) -> dict[str, str]:
-    sources = [[v["name"], digest_file(folder / v["file"])] for v in entry["variants"]]
-    header = digest_file(folder / "kiln_cpu.h")
-    return {"kernel": entry["key"], "sources": digest_json(sources), "header": header,
-            "params": digest_json(entry["params"]), "compiler": digest_json(compiler),
-            "cxx": env.get("cxx", ""), "tuner": tuner}
+    return cpu.run(job)

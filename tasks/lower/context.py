@@ -8,7 +8,7 @@ value. It emits nodes through `pointwise`, `reduction`, `extern` and `fallback`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +74,8 @@ class Lower:
     # Buffers whose strides in eager differ from kiln's row-major ones: what as_strided,
     # which addresses storage, must not assume away.
     eager_strides: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Values derived once per graph whatever the number of their users (see `derived`).
+    derived_values: dict[Hashable, TensorValue] = field(default_factory=dict)
 
     def name(self) -> str:
         self.counter[0] += 1
@@ -84,6 +86,12 @@ class Lower:
 
     def emit(self, node: Node) -> None:
         self.nodes.append(node)
+
+    def derived(self, key: Hashable, make: Callable[[], TensorValue]) -> TensorValue:
+        """make()'s value, made once per graph for each key: every later caller shares it."""
+        if key not in self.derived_values:
+            self.derived_values[key] = make()
+        return self.derived_values[key]
 
     def pointwise(self, shape: tuple[int, ...], dtype: DType, origin: str,
                   body: Callable[[Loop], Expr]) -> TensorValue:

@@ -78,8 +78,12 @@ def _sdpa(ctx: Lower, call: Call) -> TensorValue:
 # Note: a boolean mask becomes the additive float mask (0 where True, -inf where False) in a
 # kernel of its own, as eager's scaled_dot_product_attention converts it: the attention
 # kernels kiln calls (torch's CPU flash kernel, the GPU memory-efficient one) take only that.
+# One conversion per mask, shared by every attention that reads it: bert's 12 layers read one
+# mask, and a conversion each made a kernel with 12 identical outputs, whose tuning key (and so
+# its tuning) changed with the layer count.
 def additive_mask(ctx: Lower, mask: TensorValue, dtype: DType, origin: str) -> TensorValue:
     """The boolean mask as an additive mask of the query's dtype."""
     compute = dtype.compute
-    return ctx.pointwise(mask.shape, dtype, origin, lambda loop: where(
-        loop.load(mask, loop.idx), const(0.0, compute), const(-math.inf, compute)))
+    return ctx.derived(("additive_mask", mask, dtype), lambda: ctx.pointwise(
+        mask.shape, dtype, origin,
+        lambda loop: where(loop.load(mask, loop.idx), const(0.0, compute), const(-math.inf, compute))))

@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.suite import NOT_REACHED
 from pipeline.report import human_bytes, print_report
 
 ENGINE_TITLES = {"kiln": "kiln", "eager": "eager", "torch.compile": "torch.compile", "aoti": "AOTInductor"}
@@ -76,9 +77,13 @@ def summary_table(bench: dict[str, Any]) -> Table:
 
 
 def notes(bench: dict[str, Any]) -> list[str]:
-    """Every error, kiln's edits, and why a kiln step was skipped."""
+    """Every error, kiln's edits, why a kiln step was skipped, and the engines a cut run did
+    not reach."""
     lines = []
     for engine, steps in bench["engines"].items():
+        if all(found == NOT_REACHED for found in steps.values()):
+            lines.append(f"{ENGINE_TITLES.get(engine, engine)}: {NOT_REACHED['skipped']}")
+            continue
         for step, found in steps.items():
             what = f"{ENGINE_TITLES.get(engine, engine)} {STEP_TITLES.get(step, step)}"
             if "error" in found:

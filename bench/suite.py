@@ -226,7 +226,14 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def run_bench(opts: BenchOptions, log: Callable[[str], None] = say) -> dict[str, Any]:
+# Note: after each engine, `partial` gets the run so far, the engines not reached yet marked as
+# such: `kiln bench` writes it to bench.json, so a run cut short (a time limit on a shared GPU
+# machine, Ctrl-C) keeps the figures and kiln's compile profile it had measured.
+NOT_REACHED = {"skipped": "not reached: the bench stopped before this engine"}
+
+
+def run_bench(opts: BenchOptions, log: Callable[[str], None] = say,
+              partial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Every selected engine on one model; what bench.json holds. Engines left out by
     opts.engines are present with every step skipped."""
     config = load_config(opts.model)
@@ -240,7 +247,10 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = say) -> dict[str,
         machine = {k: v for k, v in probe.items() if k not in ("process_s", "peak_rss_bytes")}
         threads = opts.threads or machine.get("threads")
         run = replace(run, threads=threads)
-        engines = {}
+        head = {"model": config.name, "config": str(config.path), "target": opts.target,
+                "machine": {**start, **machine}, "threads": threads, "runs": opts.runs,
+                "warmup": opts.warmup, "recompiles": list(opts.recompiles)}
+        engines = {engine: dict.fromkeys(STEPS, NOT_REACHED) for engine in ENGINES}
         for engine in ENGINES:  # kiln first: its build's weights are what the others run
             if engine in opts.engines:
                 run.log(f"bench {config.name} ({opts.target}): {engine}")
@@ -249,6 +259,6 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = say) -> dict[str,
                 run.log(f"  {engine}: {step_figures(engines[engine])}")
             else:
                 engines[engine] = {step: {"skipped": "left out by --engines"} for step in STEPS}
-    return {"model": config.name, "config": str(config.path), "target": opts.target,
-            "machine": {**start, **machine}, "threads": threads, "runs": opts.runs,
-            "warmup": opts.warmup, "recompiles": list(opts.recompiles), "engines": engines}
+            if partial is not None:
+                partial({**head, "engines": dict(engines)})
+    return {**head, "engines": engines}

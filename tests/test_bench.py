@@ -15,7 +15,8 @@ import pytest
 from bench.chart import write_chart
 from bench.edits import dump_toml, layer_knob, write_config
 from bench.procs import UNFINISHED, child_env, run_measured, run_worker
-from bench.suite import ENGINES, STEPS
+from bench.render import notes
+from bench.suite import ENGINES, NOT_REACHED, STEPS, BenchOptions, run_bench
 from pipeline.cli import main
 from pipeline.config import PROJECT_ROOT, load_config
 from tests.conftest import kiln
@@ -173,3 +174,22 @@ def test_bench_bert_small_smoke(tmp_path: Path) -> None:
     assert found["engines"]["torch.compile"]["latency"] == {"skipped": "left out by --engines"}
     assert (tmp_path / "out" / "kiln" / "report.json").is_file()
     assert "kiln compile bert-small (target cpu)" in stdout
+
+
+def test_each_engine_done_is_handed_over_before_the_next_runs(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kiln bench` writes bench.json after every engine, so a run cut short keeps what it had."""
+    def fake(engine: str) -> Any:
+        return lambda run: {step: {"seconds": 1.0, "by": engine} for step in STEPS}
+
+    monkeypatch.setattr("bench.suite.BENCHES", {engine: fake(engine) for engine in ENGINES})
+    snapshots: list[dict[str, Any]] = []
+    opts = BenchOptions("mlp", "cpu", tmp_path, engines=("kiln", "aoti"))
+    done = run_bench(opts, log=lambda line: None, partial=snapshots.append)
+    assert len(snapshots) == len(ENGINES)
+    first = snapshots[0]["engines"]
+    assert first["kiln"]["cold"] == {"seconds": 1.0, "by": "kiln"}
+    assert first["aoti"]["cold"] == NOT_REACHED
+    assert "AOTInductor: not reached: the bench stopped before this engine" in notes(snapshots[0])
+    assert snapshots[1]["engines"]["eager"]["cold"] == {"skipped": "left out by --engines"}
+    assert snapshots[-1] == done

@@ -181,3 +181,19 @@ def test_bad_checkpoint_is_a_clear_error(project: Path, tmp_path: Path, content:
     proc = kiln(["compile", str(project / "configs" / "toy.toml")], tmp_path / "c", check=False)
     assert proc.returncode == 1
     assert message in proc.stderr
+
+
+def test_weights_written_beside_the_decompositions_end_up_the_programs(tmp_path: Path) -> None:
+    from tasks.trace.weights import WeightsWriter
+
+    first = {"w": torch.ones(3), "b": torch.zeros(2)}
+    path = tmp_path / "w.safetensors"
+    with WeightsWriter(first, path) as writer:
+        writer.expect(dict(first))  # the same tensors: the thread's file stands
+    assert load_file(str(path)).keys() == {"w", "b"}
+    lifted = {**first, "c": torch.full((2,), 7.0)}  # a decomposition lifted a constant
+    with WeightsWriter(first, path) as writer:
+        writer.expect(lifted)
+    assert torch.equal(load_file(str(path))["c"], lifted["c"])
+    with pytest.raises(AttributeError), WeightsWriter({"w": 3}, path):  # type: ignore[dict-item]
+        pass  # the thread's error is raised on the caller's

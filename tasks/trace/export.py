@@ -10,9 +10,11 @@ program holds none, so a new checkpoint leaves it byte-identical and everything 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,30 @@ _REASON_LINES = 8
 def export_program(
     module: torch.nn.Module, args: tuple[Any, ...], model: str, root: Path
 ) -> torch.export.ExportedProgram:
-    try:
-        program = torch.export.export(module, args, strict=False)
+    """torch.export, then the decompositions later stages want."""
+    return decompose(export_only(module, args, model, root), model, root)
+
+
+def export_only(
+    module: torch.nn.Module, args: tuple[Any, ...], model: str, root: Path
+) -> torch.export.ExportedProgram:
+    """torch.export as it is: its weights are final, its graph not yet decomposed."""
+    with _export_errors(model, root):
+        return torch.export.export(module, args, strict=False)
+
+
+def decompose(program: torch.export.ExportedProgram, model: str, root: Path) -> torch.export.ExportedProgram:
+    with _export_errors(model, root):
         decomposed: torch.export.ExportedProgram = program.run_decompositions(decomposition_table())
+    check_control_flow(decomposed, model, root)
+    return decomposed
+
+
+@contextlib.contextmanager
+def _export_errors(model: str, root: Path) -> Iterator[None]:
+    """torch's errors as a KilnError naming the model and the user's line."""
+    try:
+        yield
     except KilnError:
         raise
     except Exception as err:
@@ -45,8 +68,6 @@ def export_program(
             f"{user_frame(err, root)}",
             "make the model exportable (see torch.export's docs on the construct named above)",
         ) from err
-    check_control_flow(decomposed, model, root)
-    return decomposed
 
 
 def decomposition_table() -> dict[Any, Any]:

@@ -10,9 +10,9 @@ from typing import Any
 from cache.hashing import pretty_json
 from pipeline.job import StageJob
 from tasks.trace import deps
-from tasks.trace.export import export_program, program_json, source_map, weight_tensors
+from tasks.trace.export import decompose, export_only, program_json, source_map, weight_tensors
 from tasks.trace.factory import build_model, example_inputs
-from tasks.trace.weights import load_checkpoint, write_weights
+from tasks.trace.weights import WeightsWriter, load_checkpoint
 
 PROGRAM = "program.json"
 WEIGHTS = "weights.safetensors"
@@ -30,11 +30,13 @@ def run(job: StageJob) -> Mapping[str, Any]:
         if checkpoint is not None:
             load_checkpoint(module, Path(checkpoint), job.model)
         args = example_inputs(job.config["inputs"], job.config["weights.seed"])
-    program = export_program(module, args, job.model, root)
+    exported = export_only(module, args, job.model, root)
     out = job.out_dir
-    (out / PROGRAM).write_bytes(program_json(program))
-    write_weights(weight_tensors(program), out / WEIGHTS)
-    (out / SOURCE_MAP).write_text(pretty_json(source_map(program, root)))
+    with WeightsWriter(weight_tensors(exported), out / WEIGHTS) as weights:
+        program = decompose(exported, job.model, root)
+        (out / PROGRAM).write_bytes(program_json(program))
+        (out / SOURCE_MAP).write_text(pretty_json(source_map(program, root)))
+        weights.expect(weight_tensors(program))
     notes: dict[str, Any] = {"nodes": len(program.graph.nodes)}
     if job.live is None:
         notes["depfile"] = deps.collect(root, imported_before)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
@@ -71,3 +72,47 @@ def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
         out[name] = t.contiguous().clone() if ptr in seen else t.contiguous()
         seen.add(ptr)
     save_file(out, str(path))
+
+
+# Note: writing bert's 508 MB of weights takes seconds, mostly disk; torch.export's weights are
+# final before its decompositions run, so the file is written on a thread meanwhile (file writes
+# release the GIL). The decomposed program's weights are checked against what was written: should
+# a decomposition ever lift a new constant, the file is written again, whole, from those.
+class WeightsWriter:
+    """write_weights(tensors, path) on a thread, for the length of a with block."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+        self.tensors, self.path = tensors, path
+        self.final: dict[str, torch.Tensor] | None = None
+        self.failed: BaseException | None = None
+        self.thread = threading.Thread(target=self._write, name="write-weights", daemon=True)
+
+    def _write(self) -> None:
+        try:
+            write_weights(self.tensors, self.path)
+        except BaseException as err:  # raised again on the caller's thread
+            self.failed = err
+
+    def expect(self, final: dict[str, torch.Tensor]) -> None:
+        """The weights the file must hold: the program's after every change to it."""
+        self.final = final
+
+    def __enter__(self) -> WeightsWriter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join()
+        if exc[0] is not None:
+            return
+        if self.failed is not None:
+            raise self.failed
+        if self.final is not None and not _same_tensors(self.final, self.tensors):
+            write_weights(self.final, self.path)
+
+
+def _same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k] is b[k] or (a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
+                         and a[k].stride() == b[k].stride() and a[k].data_ptr() == b[k].data_ptr())
+        for k in a)

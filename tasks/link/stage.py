@@ -109,10 +109,16 @@ def _runtime_objects(items: ItemCache, cxx: str, env: Mapping[str, str]) -> tupl
              "flags": digest_json([Path(cxx).name, *RUNTIME_FLAGS]), "cxx": env.get("cxx", ""),
              "torch": env.get("torch", "")}
 
+    def compile_unit(unit: str, out: Path) -> None:
+        run_compiler([cxx, *RUNTIME_FLAGS, f"-I{torch_include()}", "-I.", "-c", unit,
+                      "-o", str(out / unit.replace(".cpp", ".o"))], cwd=RUNTIME)
+
     def compute(out: Path) -> dict[str, Any]:
-        for unit in RUNTIME_UNITS:
-            run_compiler([cxx, *RUNTIME_FLAGS, f"-I{torch_include()}", "-I.", "-c", unit,
-                          "-o", str(out / unit.replace(".cpp", ".o"))], cwd=RUNTIME)
+        # Note: the units compile side by side (and beside the wrapper): on a cold cache the
+        # runtime is the longest part of the link.
+        with ThreadPoolExecutor(max_workers=len(RUNTIME_UNITS)) as pool:
+            for done in [pool.submit(compile_unit, unit, out) for unit in RUNTIME_UNITS]:
+                done.result()
         return {}
 
     item, hit = items.get_or_compute(parts, compute)

@@ -255,7 +255,10 @@ def explicit_compile(entry: dict[str, Any], fn: Any, config: dict[str, int], arc
     signature = {name: entry["signature"][name] for name in fn.arg_names if name in entry["signature"]}
     source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs,
                                        attrs=compile_attrs(entry, list(fn.arg_names)))
-    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    # Note: FP fusion (a*b+c as one FMA) is pinned, not left to triton's default: triton 3.9
+    # warns that its default turns off in 3.10, which would change kiln's cubins and their
+    # rounding with no change of kiln's. On is what every GPU test and benchmark has run.
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"], "enable_fp_fusion": True}
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import resource
 import shutil
 import signal
@@ -22,11 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cache.store import Store
-from pipeline.config import PROJECT_ROOT, ModelConfig
+from pipeline.config import ModelConfig
 from pipeline.envfacts import env_fact
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
 from pipeline.stages import Stage
+from pipeline.warm import WarmWorker, worker_env
 
 Progress = Callable[[int, int, str], None]  # done, total, what: a long stage's progress
 
@@ -72,12 +72,14 @@ def execute_stage(
     folder: Path,
     store: Store,
     on_progress: Progress | None = None,
+    warm: WarmWorker | None = None,
 ) -> Outcome:
+    """Run the stage: in this process, in `warm` (a worker started ahead of it) or in a fresh one."""
     job = make_job(stage, config, options, inputs, folder, store)
     if options.in_process or options.live is not None:
         notes = dict(load_entry(job.entry)(job))
         return Outcome(notes, peak_rss_self())
-    return _in_worker(stage, job, folder, on_progress)
+    return _in_worker(stage, job, folder, on_progress, warm)
 
 
 def load_entry(entry: str) -> StageFn:
@@ -89,35 +91,52 @@ def peak_rss_self() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _in_worker(stage: Stage, job: StageJob, folder: Path, on_progress: Progress | None) -> Outcome:
+def _in_worker(stage: Stage, job: StageJob, folder: Path, on_progress: Progress | None,
+               warm: WarmWorker | None) -> Outcome:
     control = folder.parent / f"{folder.name}.job"
     control.mkdir()
     try:
         job = replace(job, progress_file=str(control / "progress.json"))
         (control / "job.json").write_text(job.to_json())
-        _spawn(control, on_progress)
-        return _read_result(stage, control)
+        if warm is None:
+            _spawn(control, on_progress)
+            return _read_result(stage, control, control / "log.txt")
+        _hand_over(warm, control, on_progress)
+        return _read_result(stage, control, warm.log)
     finally:
         shutil.rmtree(control, ignore_errors=True)
 
 
 def _spawn(control: Path, on_progress: Progress | None) -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "pipeline.worker", str(control)]
     with (control / "log.txt").open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            while proc.poll() is None:
-                try:
-                    proc.wait(timeout=0.25)
-                except subprocess.TimeoutExpired:
-                    _relay_progress(control / "progress.json", on_progress)
-        except BaseException:
-            # Ctrl-C or a kill of the runner: take the worker down with us.
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            raise
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env())
+        _wait(proc, control, on_progress)
+
+
+def _hand_over(warm: WarmWorker, control: Path, on_progress: Progress | None) -> None:
+    """Give a waiting worker its control folder, then wait for it as for a fresh one."""
+    assert warm.proc.stdin is not None
+    try:
+        warm.proc.stdin.write(f"{control}\n".encode())
+        warm.proc.stdin.close()
+    except OSError:  # it died just now: _read_result reports the crash with its log
+        pass
+    _wait(warm.proc, control, on_progress)
+
+
+def _wait(proc: subprocess.Popen[bytes], control: Path, on_progress: Progress | None) -> None:
+    try:
+        while proc.poll() is None:
+            try:
+                proc.wait(timeout=0.25)
+            except subprocess.TimeoutExpired:
+                _relay_progress(control / "progress.json", on_progress)
+    except BaseException:
+        # Ctrl-C or a kill of the runner: take the worker down with us.
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        raise
 
 
 def _relay_progress(path: Path, on_progress: Progress | None) -> None:
@@ -130,11 +149,11 @@ def _relay_progress(path: Path, on_progress: Progress | None) -> None:
     on_progress(int(done), int(total), str(what))
 
 
-def _read_result(stage: Stage, control: Path) -> Outcome:
+def _read_result(stage: Stage, control: Path, log_file: Path) -> Outcome:
     try:
         result = json.loads((control / "result.json").read_text())
     except (OSError, ValueError):
-        log = (control / "log.txt").read_text(errors="replace")[-4000:]
+        log = log_file.read_text(errors="replace")[-4000:]
         raise KilnError(
             f"stage {stage.name} crashed (its worker process died without a result)",
             "rerun with --debug to see its output",

@@ -22,6 +22,7 @@ from pipeline.execute import execute_stage
 from pipeline.keys import KeyContext, Parts, dynamic_keys, key_of, static_parts
 from pipeline.progress import Display
 from pipeline.stages import STAGES, Stage
+from pipeline.warm import WarmWorkers
 
 
 @dataclass(frozen=True)
@@ -87,27 +88,44 @@ class Runner:
         self.entries: dict[str, Entry] = {}
         self.touched: set[str] = set()  # stages that ran, or were cut off below one that ran
         self._t0 = 0.0
+        self.warm: WarmWorkers | None = None  # workers started ahead (none when in process)
 
     def run(self) -> BuildResult:
         self._check_stage_names()
         self._t0 = time.perf_counter()
         rows: list[StageRow] = []
         blocked = ""
-        for stage in self.stages:
-            if blocked:
-                rows.append(StageRow(stage.name, "skipped", note=blocked))
-                continue
-            if not stage.built_for(self.options.target):
-                rows.append(StageRow(stage.name, "not built", note=f"planned: {stage.planned}"))
-                blocked = f"needs {stage.name}"
-                continue
-            rows.append(self._stage(stage))
-            if stage.name == self.options.until:
-                blocked = f"--until {stage.name}"
+        in_process = self.options.in_process or self.options.live is not None
+        self.warm = None if in_process else WarmWorkers(self.options.target, self.store.tmp)
+        try:
+            for stage in self.stages:
+                if blocked:
+                    rows.append(StageRow(stage.name, "skipped", note=blocked))
+                    continue
+                if not stage.built_for(self.options.target):
+                    rows.append(StageRow(stage.name, "not built", note=f"planned: {stage.planned}"))
+                    blocked = f"needs {stage.name}"
+                    continue
+                rows.append(self._stage(stage))
+                if self.warm is not None:
+                    self.warm.discard(stage)  # started for this stage, which did not run
+                if stage.name == self.options.until:
+                    blocked = f"--until {stage.name}"
+        finally:
+            if self.warm is not None:
+                self.warm.close()
         seconds = time.perf_counter() - self._t0
         result = BuildResult(self.config.name, self.options.target, self.options.out, rows)
         result.entries, result.seconds = dict(self.entries), seconds
         return result
+
+    def _following(self, stage: Stage) -> Stage | None:
+        """The stage after this one, if this build may run it."""
+        if stage.name == self.options.until:
+            return None
+        index = self.stages.index(stage)
+        after = self.stages[index + 1] if index + 1 < len(self.stages) else None
+        return after if after is not None and after.built_for(self.options.target) else None
 
     def _check_stage_names(self) -> None:
         names = {s.name for s in self.stages}
@@ -185,7 +203,14 @@ class Runner:
             def progress(done: int, total: int, what: str) -> None:
                 self.display.progress(stage.name, done, total, what)
 
-            outcome = execute_stage(stage, self.config, self.options, inputs, folder, self.store, progress)
+            warm = None
+            if self.warm is not None:
+                warm = self.warm.take(stage)
+                following = self._following(stage)
+                if following is not None:
+                    self.warm.start(following)
+            outcome = execute_stage(stage, self.config, self.options, inputs, folder, self.store, progress,
+                                    warm)
             seconds = time.perf_counter() - t0
             dyn = dynamic_keys(stage)
             if dyn is not None:

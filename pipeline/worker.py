@@ -1,4 +1,5 @@
-"""The worker process that runs one stage: `python -m pipeline.worker CONTROL_DIR`.
+"""The worker process that runs one stage: `python -m pipeline.worker CONTROL_DIR`, or
+`python -m pipeline.worker --warm ENTRY TARGET`, which imports first and reads CONTROL_DIR from stdin.
 
 It reads CONTROL_DIR/job.json, runs the stage and writes CONTROL_DIR/result.json: the stage's
 notes and peak RSS, or the error (a KilnError's message and hint, or an internal error with
@@ -6,7 +7,9 @@ its traceback for --debug)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -52,5 +55,19 @@ def main(control: Path) -> int:
     return 0 if result["ok"] else 1
 
 
+def warm_main(entry: str, target: str) -> int:
+    """Import the stage's entry module (and what its `preload(target)` imports, if it has one),
+    then run the job whose control folder arrives on stdin; exit when stdin closes first (see
+    pipeline/warm.py)."""
+    _die_with_parent()
+    with contextlib.suppress(Exception):  # the stage raises it again, reported, when it runs
+        module = importlib.import_module(entry.partition(":")[0])
+        getattr(module, "preload", lambda target: None)(target)
+    control = sys.stdin.readline().strip()
+    return main(Path(control)) if control else 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--warm":
+        sys.exit(warm_main(sys.argv[2], sys.argv[3]))
     sys.exit(main(Path(sys.argv[1])))

@@ -50,7 +50,10 @@ def _item(folder: Path, *, word: str) -> Mapping[str, Any]:
 
 
 def _count(job: StageJob) -> None:
-    """Append the stage's name to a log so tests can count how often each stage ran."""
+    """Append the stage's name to a log so tests can count how often each stage ran; die at
+    once, as a native crash would, in the stage KILN_TEST_CRASH names."""
+    if os.environ.get("KILN_TEST_CRASH") == job.stage:
+        os._exit(7)
     log = os.environ.get("KILN_TEST_RUNLOG")
     if log:
         with Path(log).open("a") as f:

@@ -11,6 +11,7 @@ from pipeline.config import ModelConfig, load_config
 from pipeline.errors import KilnError
 from pipeline.explain import explain
 from pipeline.runner import BuildOptions, BuildResult
+from pipeline.warm import WarmWorkers
 from tests.conftest import write_config
 from tests.fake_stages import FAKE_STAGES
 
@@ -146,3 +147,45 @@ def test_corrupted_meta_is_recomputed(project: Path, cache: Cache) -> None:
     result = _build(project, cache)
     assert _statuses(result)["first"] == "ran"
     assert any("corrupt" in w for w in result.warnings)
+
+
+@pytest.fixture
+def warm_pools(monkeypatch: pytest.MonkeyPatch) -> list[WarmWorkers]:
+    """Every WarmWorkers a build makes, to look at after it."""
+    made: list[WarmWorkers] = []
+
+    class Recording(WarmWorkers):
+        def __init__(self, target: str, tmp: Path) -> None:
+            super().__init__(target, tmp)
+            made.append(self)
+
+    monkeypatch.setattr("pipeline.runner.WarmWorkers", Recording)
+    return made
+
+
+def _in_workers(project: Path, cache: Cache, scale: int) -> BuildResult:
+    options = BuildOptions("cpu", project / "build")
+    return compile_model(_fake_config(project, scale), options, cache, stages=FAKE_STAGES)
+
+
+def test_each_stage_after_the_first_runs_in_a_worker_started_ahead(
+        project: Path, cache: Cache, warm_pools: list[WarmWorkers]) -> None:
+    first = _in_workers(project, cache, scale=2)
+    assert _statuses(first) == {"first": "ran", "second": "ran", "third": "ran", "fourth": "not built"}
+    assert warm_pools[0].taken == ["second", "third"]
+    assert (project / "build" / "first.txt").read_text() == "positive\n"
+    cut = _in_workers(project, cache, scale=3)  # second is cut off: its early worker exits unused
+    assert _statuses(cut)["second"] == "cutoff"
+    assert warm_pools[1].taken == []
+    assert not warm_pools[1]._logs.exists()
+
+
+def test_a_crash_in_a_worker_started_ahead_is_reported(
+        project: Path, cache: Cache, warm_pools: list[WarmWorkers], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_TEST_CRASH", "second")
+    with pytest.raises(KilnError, match="stage second crashed"):
+        _in_workers(project, cache, scale=2)
+    assert warm_pools[0].taken == ["second"]
+    monkeypatch.delenv("KILN_TEST_CRASH")
+    again = _in_workers(project, cache, scale=2)  # nothing of the crash is left in the cache
+    assert _statuses(again) == {"first": "hit", "second": "ran", "third": "ran", "fourth": "not built"}

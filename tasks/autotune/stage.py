@@ -21,3 +21,11 @@ def run(job: StageJob) -> Mapping[str, Any]:
     from tasks.autotune import cpu
 
     return cpu.run(job)
+
+
+def preload(target: str) -> None:
+    """What a worker started ahead of this stage imports while it waits (pipeline/warm.py)."""
+    if target == "cuda":
+        from tasks.autotune import cuda  # noqa: F401
+    else:
+        from tasks.autotune import cpu  # noqa: F401

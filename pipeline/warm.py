@@ -1,0 +1,93 @@
+"""Stage workers started ahead of their stage, their entry module already imported.
+
+Note: every stage runs in a fresh worker process (pipeline/execute.py), and a worker's first
+seconds go to imports: lower's are torch's, ~2-3 s. While a stage runs, the runner starts the
+next stage's worker, which imports that stage's entry module and waits on its stdin for a
+control folder. If the next stage does run, it takes that worker and the imports are already
+done; if it is cached or cut off, the worker is told to exit (its stdin is closed), having cost
+some CPU and no wall time. Only one stage ahead: the chain is linear, and what runs two stages
+down is not known until the stage between them has run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config import PROJECT_ROOT
+from pipeline.stages import Stage
+
+
+@dataclass
+class WarmWorker:
+    proc: subprocess.Popen[bytes]
+    log: Path  # its stdout and stderr, from its start
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+class WarmWorkers:
+    """At most one waiting worker per stage, for one build."""
+
+    def __init__(self, target: str, tmp: Path) -> None:
+        """tmp: the store's folder of work in progress; the workers' logs go in a folder there
+        that names this process, so the store's gc removes it should this process be killed."""
+        self.target = target
+        self._waiting: dict[str, WarmWorker] = {}
+        self._logs = tmp / f"warm-logs-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._logs.mkdir(parents=True)
+        self.taken: list[str] = []  # the stages that ran in a worker started ahead (for tests)
+
+    def start(self, stage: Stage) -> None:
+        if stage.entry is None or stage.name in self._waiting:
+            return
+        log = self._logs / f"{stage.name}.log"
+        with log.open("wb") as out:
+            cmd = [sys.executable, "-m", "pipeline.worker", "--warm", stage.entry, self.target]
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                    env=worker_env())
+        self._waiting[stage.name] = WarmWorker(proc, log)
+
+    def take(self, stage: Stage) -> WarmWorker | None:
+        """The stage's waiting worker, if it is still alive; it is the caller's from now on."""
+        warm = self._waiting.pop(stage.name, None)
+        if warm is None:
+            return None
+        if warm.proc.poll() is not None:  # it died while waiting: start a fresh one instead
+            _stop(warm)
+            return None
+        self.taken.append(stage.name)
+        return warm
+
+    def discard(self, stage: Stage) -> None:
+        """The stage did not run: its waiting worker exits."""
+        warm = self._waiting.pop(stage.name, None)
+        if warm is not None:
+            _stop(warm)
+
+    def close(self) -> None:
+        for name in list(self._waiting):
+            _stop(self._waiting.pop(name))
+        shutil.rmtree(self._logs, ignore_errors=True)
+
+
+def _stop(warm: WarmWorker) -> None:
+    """Close its stdin (it exits at once); kill it if it does not."""
+    if warm.proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            warm.proc.stdin.close()
+    try:
+        warm.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        warm.proc.kill()
+        warm.proc.wait()

@@ -94,8 +94,8 @@ def peak_rss_self() -> int:
 def _in_worker(stage: Stage, job: StageJob, folder: Path, on_progress: Progress | None,
                warm: WarmWorker | None) -> Outcome:
     control = folder.parent / f"{folder.name}.job"
-    control.mkdir()
     try:
+        control.mkdir()
         job = replace(job, progress_file=str(control / "progress.json"))
         (control / "job.json").write_text(job.to_json())
         if warm is None:
@@ -103,6 +103,11 @@ def _in_worker(stage: Stage, job: StageJob, folder: Path, on_progress: Progress 
             return _read_result(stage, control, control / "log.txt")
         _hand_over(warm, control, on_progress)
         return _read_result(stage, control, warm.log)
+    except BaseException:
+        if warm is not None and warm.proc.poll() is None:  # never handed over, or still running
+            warm.proc.kill()
+            warm.proc.wait()
+        raise
     finally:
         shutil.rmtree(control, ignore_errors=True)
 

@@ -205,10 +205,10 @@ class Runner:
 
             warm = None
             if self.warm is not None:
-                warm = self.warm.take(stage)
                 following = self._following(stage)
                 if following is not None:
                     self.warm.start(following)
+                warm = self.warm.take(stage)
             outcome = execute_stage(stage, self.config, self.options, inputs, folder, self.store, progress,
                                     warm)
             seconds = time.perf_counter() - t0

@@ -4,9 +4,12 @@ Note: every stage runs in a fresh worker process (pipeline/execute.py), and a wo
 seconds go to imports: lower's are torch's, ~2-3 s. While a stage runs, the runner starts the
 next stage's worker, which imports that stage's entry module and waits on its stdin for a
 control folder. If the next stage does run, it takes that worker and the imports are already
-done; if it is cached or cut off, the worker is told to exit (its stdin is closed), having cost
-some CPU and no wall time. Only one stage ahead: the chain is linear, and what runs two stages
-down is not known until the stage between them has run.
+done; if it is cached or cut off, the worker is killed (it holds no job), having cost some CPU
+and no wall time. Only one stage ahead: the chain is linear, and what runs two stages down is
+not known until the stage between them has run.
+
+A stage's seconds in the report are the time the build waited for it: for a stage that ran in a
+worker started ahead, that leaves out the imports done while the stage before it ran.
 """
 
 from __future__ import annotations
@@ -44,13 +47,13 @@ class WarmWorkers:
         that names this process, so the store's gc removes it should this process be killed."""
         self.target = target
         self._waiting: dict[str, WarmWorker] = {}
-        self._logs = tmp / f"warm-logs-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._logs.mkdir(parents=True)
+        self._logs = tmp / f"warm-logs-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # made when needed
         self.taken: list[str] = []  # the stages that ran in a worker started ahead (for tests)
 
     def start(self, stage: Stage) -> None:
         if stage.entry is None or stage.name in self._waiting:
             return
+        self._logs.mkdir(parents=True, exist_ok=True)
         log = self._logs / f"{stage.name}.log"
         with log.open("wb") as out:
             cmd = [sys.executable, "-m", "pipeline.worker", "--warm", stage.entry, self.target]
@@ -82,12 +85,10 @@ class WarmWorkers:
 
 
 def _stop(warm: WarmWorker) -> None:
-    """Close its stdin (it exits at once); kill it if it does not."""
+    """Kill it: it holds no job and has written nothing, and waiting for its imports to end
+    (before it reads stdin) would cost the runner up to their length."""
+    warm.proc.kill()
+    warm.proc.wait()
     if warm.proc.stdin is not None:
         with contextlib.suppress(OSError):
             warm.proc.stdin.close()
-    try:
-        warm.proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        warm.proc.kill()
-        warm.proc.wait()

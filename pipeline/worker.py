@@ -7,7 +7,6 @@ its traceback for --debug)."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import importlib
 import json
@@ -60,11 +59,20 @@ def warm_main(entry: str, target: str) -> int:
     then run the job whose control folder arrives on stdin; exit when stdin closes first (see
     pipeline/warm.py)."""
     _die_with_parent()
-    with contextlib.suppress(Exception):  # the stage raises it again, reported, when it runs
+    try:
         module = importlib.import_module(entry.partition(":")[0])
         getattr(module, "preload", lambda target: None)(target)
+        imported = True
+    except Exception:
+        imported = False
     control = sys.stdin.readline().strip()
-    return main(Path(control)) if control else 0
+    if not control:
+        return 0
+    if not imported:
+        # Note: a fresh process, not a second import in this one: modules a failed import left
+        # half-made would give a different, misleading error from the one the stage must report.
+        os.execv(sys.executable, [sys.executable, "-m", "pipeline.worker", control])
+    return main(Path(control))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pipeline.config import ModelConfig, load_config
 from pipeline.errors import KilnError
 from pipeline.explain import explain
 from pipeline.runner import BuildOptions, BuildResult
+from pipeline.stages import Stage
 from pipeline.warm import WarmWorkers
 from tests.conftest import write_config
 from tests.fake_stages import FAKE_STAGES
@@ -189,3 +190,13 @@ def test_a_crash_in_a_worker_started_ahead_is_reported(
     monkeypatch.delenv("KILN_TEST_CRASH")
     again = _in_workers(project, cache, scale=2)  # nothing of the crash is left in the cache
     assert _statuses(again) == {"first": "hit", "second": "ran", "third": "ran", "fourth": "not built"}
+
+
+def test_an_entry_that_fails_to_import_in_an_early_worker_reports_its_own_error(
+        project: Path, cache: Cache, warm_pools: list[WarmWorkers]) -> None:
+    broken = Stage("second", "", reads=("first/first.txt",), sources=("tests/fake_stages.py",),
+                   entry="tests.no_such_module:second")
+    options = BuildOptions("cpu", project / "build")
+    with pytest.raises(KilnError, match="internal error in stage second: ModuleNotFoundError"):
+        compile_model(_fake_config(project, 2), options, cache, stages=(FAKE_STAGES[0], broken))
+    assert warm_pools[0].taken == ["second"]

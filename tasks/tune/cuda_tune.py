@@ -257,7 +257,10 @@ def explicit_compile(entry: dict[str, Any], fn: Any, config: dict[str, int], arc
                                        attrs=compile_attrs(entry, list(fn.arg_names)))
     # Note: FP fusion (a*b+c as one FMA) is pinned, not left to triton's default: triton 3.9
     # warns that its default turns off in 3.10, which would change kiln's cubins and their
-    # rounding with no change of kiln's. On is what every GPU test and benchmark has run.
+    # rounding with no change of kiln's. On is what every GPU test and benchmark has run. The
+    # variable that would still force it off (and is in no cache key) is dropped: this runs in
+    # kiln's own compile and tuning processes.
+    os.environ.pop("TRITON_FORCE_DISABLE_FP_FUSION", None)
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"], "enable_fp_fusion": True}
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 

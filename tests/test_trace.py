@@ -197,3 +197,23 @@ def test_weights_written_beside_the_decompositions_end_up_the_programs(tmp_path:
     assert torch.equal(load_file(str(path))["c"], lifted["c"])
     with pytest.raises(AttributeError), WeightsWriter({"w": 3}, path):  # type: ignore[dict-item]
         pass  # the thread's error is raised on the caller's
+
+
+def test_a_trace_writes_its_weights_once(project: Path, cache: Cache,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread's file stands when the decomposed program has the weights torch.export gave:
+    a torch whose decompositions copied them would double bert's seconds of writing unseen."""
+    from tasks.trace import weights
+
+    writes: list[str] = []
+    real = weights.write_weights
+
+    def counted(tensors: dict[str, torch.Tensor], path: Path) -> None:
+        writes.append(path.name)
+        real(tensors, path)
+
+    monkeypatch.setattr(weights, "write_weights", counted)
+    monkeypatch.syspath_prepend(str(project))  # in process: the worker would put it there
+    result = _compile(project, cache, in_process=True)
+    assert _status(result)["trace"] == "ran"
+    assert writes == ["weights.safetensors"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,45 @@ def error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"[-ERROR_CHARS:]
 
 
+_FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
+_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (\S+)$')
+
+
+def _short_path(path: str) -> str:
+    """A frame's file as a reader finds it: from the package down, or from kiln's root."""
+    _, found, rest = path.rpartition("-packages/")
+    if found:
+        return rest
+    root = f"{ROOT}{os.sep}"
+    return path[len(root):] if path.startswith(root) else path
+
+
+# Note: children run with PYTHONFAULTHANDLER=1 (child_env), so a native crash (AOTInductor's
+# package loader died with SIGSEGV on the H200) prints the Python stack of the thread that died.
+# Its innermost frame says where the crash was, and the innermost frame of kiln's own code says
+# which of kiln's steps called it; the rest of the dump (the other threads, the extension modules)
+# would only crowd the table's notes.
+def crash_site(text: str) -> str | None:
+    """Where a child that faulthandler reported on died: the fatal error, its innermost frame
+    and the innermost frame of kiln's code, or None when the text holds no such report."""
+    fatal = _FATAL.search(text)
+    if fatal is None:
+        return None
+    _, _, current = text[fatal.end():].partition("Current thread")
+    frames = []
+    for line in current.splitlines()[1:]:
+        frame = _FRAME.match(line)
+        if frame is None:
+            break
+        frames.append((frame.group(1), f"{_short_path(frame.group(1))}:{frame.group(2)} {frame.group(3)}"))
+    site = fatal.group(1)
+    if frames:
+        site += f" in {frames[0][1]}"
+        ours = next((name for path, name in frames[1:] if path.startswith(str(ROOT))), None)
+        site += f", called from {ours}" if ours else ""
+    return site
+
+
 def python_path() -> str:
     """kiln's root first (configs name `models.mlp:build`), then the caller's PYTHONPATH (the GPU
     machine's carried wheels)."""
@@ -46,7 +87,7 @@ def child_env(folder: Path, threads: int | None = None, tmpdir: Path | None = No
     puts it elsewhere) live in folder."""
     tmpdir = tmpdir or folder / "tmp"
     tmpdir.mkdir(parents=True, exist_ok=True)  # tempfile ignores a TMPDIR that does not exist
-    env = dict(os.environ, PYTHONPATH=python_path(), TMPDIR=str(tmpdir),
+    env = dict(os.environ, PYTHONPATH=python_path(), TMPDIR=str(tmpdir), PYTHONFAULTHANDLER="1",
                TORCHINDUCTOR_CACHE_DIR=str(folder / "inductor"), TRITON_CACHE_DIR=str(folder / "triton"),
                KILN_CACHE_DIR=str(folder / "kiln"))
     if threads:
@@ -67,14 +108,24 @@ class Finished:
     peak_rss_bytes: int  # the largest RSS of the child or of any descendant it waited for
     output: str  # the end of its stdout and stderr together
     timed_out: bool
+    crash: str | None = None  # where a native crash happened (crash_site), if it was reported
 
     def failure(self, what: str) -> str | None:
         """An error string if the child failed, else None."""
         if self.timed_out:
             return f"{what} timed out after {self.seconds:.0f} s"
+        if self.returncode < 0 and self.crash:
+            return f"{what} died with {_signal_name(-self.returncode)}: {self.crash}"
         if self.returncode != 0:
             return f"{what} exited {self.returncode}: {self.output}"
         return None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 # Note: subprocess.run reaps its child with waitpid and drops the child's resource usage;
@@ -103,9 +154,9 @@ def run_measured(cmd: list[str], env: dict[str, str], timeout: float) -> Finishe
         seconds = time.monotonic() - started
         proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
-        output = tail(log.read().decode(errors="replace"))
-    return Finished(proc.returncode, started, round(seconds, 3), usage.ru_maxrss * 1024, output,
-                    killed.is_set())
+        text = log.read().decode(errors="replace")
+    return Finished(proc.returncode, started, round(seconds, 3), usage.ru_maxrss * 1024, tail(text),
+                    killed.is_set(), crash_site(text))
 
 
 # Note: a worker that measures more than one thing (a compile, then the latency of what it

@@ -14,9 +14,9 @@ import pytest
 
 from bench.chart import write_chart
 from bench.edits import dump_toml, layer_knob, write_config
-from bench.procs import UNFINISHED, child_env, run_measured, run_worker
+from bench.procs import ROOT, UNFINISHED, child_env, crash_site, run_measured, run_worker
 from bench.render import notes
-from bench.suite import ENGINES, NOT_REACHED, STEPS, BenchOptions, run_bench
+from bench.suite import ENGINES, NOT_REACHED, STEPS, BenchOptions, Run, bench_inductor, run_bench
 from pipeline.cli import main
 from pipeline.config import PROJECT_ROOT, load_config
 from tests.conftest import kiln
@@ -92,7 +92,29 @@ def test_a_worker_that_crashes_in_a_later_step_keeps_the_figures_before_it(
     assert found["phases"] == {"compile_s": 2.0}
     assert "ready_s" in found
     assert UNFINISHED not in found
-    assert found["latency"]["error"].startswith("compile worker exited -11")
+    want = "compile worker died with SIGSEGV: Segmentation fault in <string>:1 <module>"
+    assert found["latency"]["error"] == want
+
+
+def test_a_crash_names_its_innermost_frame_and_the_bench_code_that_called_it() -> None:
+    packages = "/opt/venv/lib/python3.12/site-packages"
+    dump = f"""UserWarning: TensorFloat32 tensor cores
+Fatal Python error: Segmentation fault
+
+Thread 0x00007f2a7dfeb6c0 (most recent call first):
+  File "/usr/lib/python3.12/threading.py", line 359 in wait
+
+Current thread 0x00007f2da9aa8140 (most recent call first):
+  File "{packages}/torch/export/pt2_archive/_package.py", line 1045 in _load_aoti
+  File "{packages}/torch/_inductor/__init__.py", line 267 in aoti_load_package
+  File "{ROOT}/bench/workers.py", line 111 in loaded
+  File "<frozen runpy>", line 198 in _run_module_as_main
+
+Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)
+"""
+    assert crash_site(dump) == ("Segmentation fault in torch/export/pt2_archive/_package.py:1045 _load_aoti, "
+                                "called from bench/workers.py:111 loaded")
+    assert crash_site("Traceback (most recent call last):\nValueError: no") is None
 
 
 def test_chart_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,3 +215,50 @@ def test_each_engine_done_is_handed_over_before_the_next_runs(tmp_path: Path,
     assert "AOTInductor: not reached: the bench stopped before this engine" in notes(snapshots[0])
     assert snapshots[1]["engines"]["eager"]["cold"] == {"skipped": "left out by --engines"}
     assert snapshots[-1] == done
+
+
+class RecordingRun(Run):
+    """A Run whose workers are not started: each spec is recorded and answered from `answers`."""
+
+    specs: list[dict[str, Any]]
+    answers: dict[str, dict[str, Any]]
+
+    def __init__(self, tmp: Path, answers: dict[str, dict[str, Any]]) -> None:
+        super().__init__(BenchOptions("mlp", "cpu", tmp, recompiles=("warm",)), load_config("mlp"), tmp,
+                         None, lambda line: None)
+        object.__setattr__(self, "specs", [])
+        object.__setattr__(self, "answers", answers)
+
+    def worker(self, spec: dict[str, Any], caches: str) -> dict[str, Any]:
+        self.specs.append(spec)
+        return dict(self.answers[Path(spec["result"]).stem])
+
+
+COMPILED: dict[str, Any] = {"ready_s": 1.0, "peak_rss_bytes_ready": 1, "peak_gpu_bytes": None, "phases": {},
+                            "process_s": 2.0}
+
+
+def test_aoti_latency_loads_the_cold_package_in_a_fresh_process(tmp_path: Path) -> None:
+    run = RecordingRun(tmp_path, {"aoti-cold": COMPILED, "aoti-warm": COMPILED,
+                                  "aoti-latency": {"median_ms": 0.5}})
+    found = bench_inductor(run, "aoti")
+    cold, warm, latency = run.specs
+    assert not cold["latency"]
+    assert not warm["latency"]
+    assert (latency["task"], latency["package"]) == ("latency", cold["package"])
+    assert found["latency"] == {"median_ms": 0.5}
+
+
+def test_torch_compile_latency_is_measured_in_the_compiling_process(tmp_path: Path) -> None:
+    run = RecordingRun(tmp_path, {"torch-compile-cold": {**COMPILED, "latency": {"median_ms": 0.7}},
+                                  "torch-compile-warm": COMPILED})
+    found = bench_inductor(run, "torch.compile")
+    assert [spec["latency"] for spec in run.specs] == [True, False]
+    assert found["latency"] == {"median_ms": 0.7}
+
+
+def test_a_failed_aoti_compile_skips_its_latency(tmp_path: Path) -> None:
+    run = RecordingRun(tmp_path, {"aoti-cold": {"error": "boom"}, "aoti-warm": COMPILED})
+    found = bench_inductor(run, "aoti")
+    assert len(run.specs) == 2
+    assert found["latency"] == {"skipped": "aoti's cold compile failed"}

@@ -20,6 +20,7 @@ from pipeline.config import ModelConfig
 from pipeline.errors import KilnError
 from pipeline.execute import execute_stage
 from pipeline.keys import KeyContext, Parts, dynamic_keys, key_of, static_parts
+from pipeline.prebuild import Prebuilds
 from pipeline.progress import Display
 from pipeline.stages import STAGES, Stage
 from pipeline.warm import WarmWorkers
@@ -97,6 +98,9 @@ class Runner:
         blocked = ""
         in_process = self.options.in_process or self.options.live is not None
         self.warm = None if in_process else WarmWorkers(self.options.target, self.store.tmp)
+        ahead = Prebuilds(self.store)
+        if not self.options.in_process:
+            ahead.start(self.stages, self.options.target)
         try:
             for stage in self.stages:
                 if blocked:
@@ -107,11 +111,14 @@ class Runner:
                     blocked = f"needs {stage.name}"
                     continue
                 rows.append(self._stage(stage))
+                if rows[-1].status == "ran" and ahead.note(stage.name):
+                    rows[-1].note = "; ".join(filter(None, [rows[-1].note, ahead.note(stage.name)]))
                 if self.warm is not None:
                     self.warm.discard(stage)  # started for this stage, which did not run
                 if stage.name == self.options.until:
                     blocked = f"--until {stage.name}"
         finally:
+            ahead.close()
             if self.warm is not None:
                 self.warm.close()
         seconds = time.perf_counter() - self._t0

@@ -21,6 +21,7 @@ class Stage:
     sources: tuple[str, ...] = ()  # the stage's own code, relative to the project root
     entry: str | None = None  # "module:function" running the stage; None: not built yet
     keys: str | None = None  # "module" with key_parts()/remember() for dynamic key parts
+    prebuild: str | None = None  # "module" building a model-independent item ahead (pipeline/prebuild.py)
     publish: tuple[str, ...] = ()  # artifacts copied into the build folder ("dir/" for a folder)
     targets: tuple[str, ...] = ("cpu", "cuda")  # the targets the stage is built for
     planned: str = ""  # for a stage, or a target of it, not built yet: where it is planned
@@ -114,6 +115,7 @@ STAGES: tuple[Stage, ...] = (
         env=("target", "cxx", "torch", "isa"),
         sources=("tasks/link", "tasks/codegen/cpp_build.py", "tasks/gen_cpp/wrapper.py", *RUNTIME_FILES),
         entry="tasks.link.stage:run",
+        prebuild="tasks.link.runtime",
         publish=("model.so", "kiln_model.h"),
     ),
 )

@@ -52,7 +52,9 @@ def test_report_and_explain_after_compile(project: Path, tmp_path: Path) -> None
     report = kiln(["report", config, "--out", str(out)], tmp_path / "c")
     assert "trace" in report.stdout
     assert "ran" in report.stdout
-    assert json.loads((out / "report.json").read_text())["stages"][0]["status"] == "ran"
+    rows = {row["stage"]: row for row in json.loads((out / "report.json").read_text())["stages"]}
+    assert rows["trace"]["status"] == "ran"
+    assert rows["link"]["note"].endswith("runtime cached; runtime built ahead")  # beside trace
     assert (out / "weights.safetensors").is_file()
     explained = kiln(["explain", config, "--target", "cpu"], tmp_path / "c")
     assert "rerun: no" in explained.stdout

@@ -2,8 +2,8 @@
 
 It compiles against kiln_model.h and torch's stable C shim only, never ATen's headers (a file
 that includes ATen takes 17 s to compile; the shim, a fraction of a second). The runtime's
-object is a cache item of its own, keyed by its sources, the compiler and torch: it is built
-once per machine, not once per model.
+objects are a cache item of their own (tasks/link/runtime.py), built once per machine, and on a
+cold cache usually ahead of link, beside trace.
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cache.hashing import digest_file, digest_json
-from cache.items import ItemCache
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
 from tasks.codegen.cpp_build import (
     LINK_FLAGS,
     RUNTIME,
-    RUNTIME_FLAGS,
     TORCH_LIBS,
     WRAPPER_FLAGS,
     compiler,
@@ -32,12 +29,10 @@ from tasks.codegen.cpp_build import (
     torch_include,
     torch_lib,
 )
+from tasks.link.runtime import runtime_objects
 
 MODEL_SO = "model.so"
 HEADER = "kiln_model.h"
-RUNTIME_SOURCES = ("kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h",
-                   "kiln_cuda.h", "kiln_cuda.cpp")
-RUNTIME_UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp")
 
 
 def run(job: StageJob) -> Mapping[str, Any]:
@@ -54,10 +49,10 @@ def run(job: StageJob) -> Mapping[str, Any]:
             objects = [tuning.parent / "objects" / f"{key[:16]}.o" for key in keys]
         wrapper_o = Path(tmp) / "wrapper.o"
         with ThreadPoolExecutor(max_workers=2) as pool:
-            runtime = pool.submit(_runtime_objects, job.items(), cxx, job.env)
+            runtime = pool.submit(runtime_objects, job.items(), cxx, job.env)
             compiled = pool.submit(_compile_wrapper, cxx, wrapper, wrapper_o, job.env["isa"])
             compiled.result()
-            runtime_os, hit, used = runtime.result()
+            runtime_os, item, hit = runtime.result()
         try:
             run_compiler([cxx, *LINK_FLAGS, str(wrapper_o), *map(str, runtime_os), *map(str, objects),
                           "-o", str(out / MODEL_SO), f"-L{torch_lib()}", *TORCH_LIBS, "-ldl"])
@@ -66,6 +61,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     shutil.copyfile(RUNTIME / HEADER, out / HEADER)
     what = f"{len(keys)} cubins" if job.env["target"] == "cuda" else f"{len(keys)} kernel objects"
     note = f"{what}; runtime {'cached' if hit else 'compiled'}"
+    used = f"{item.stage}/{item.key}"
     return {"kernels": len(keys), "runtime_cached": hit, "items": [used], "summary": note}
 
 
@@ -102,25 +98,3 @@ def _compile_wrapper(cxx: str, wrapper: Path, out: Path, isa: str) -> None:
     except RuntimeError as err:
         raise KilnError(f"the generated wrapper does not compile: {err}",
                         "this is a bug in kiln's gen-cpp stage; please report it") from None
-
-
-def _runtime_objects(items: ItemCache, cxx: str, env: Mapping[str, str]) -> tuple[list[Path], bool, str]:
-    parts = {"sources": digest_json([[n, digest_file(RUNTIME / n)] for n in RUNTIME_SOURCES]),
-             "flags": digest_json([Path(cxx).name, *RUNTIME_FLAGS]), "cxx": env.get("cxx", ""),
-             "torch": env.get("torch", "")}
-
-    def compile_unit(unit: str, out: Path) -> None:
-        run_compiler([cxx, *RUNTIME_FLAGS, f"-I{torch_include()}", "-I.", "-c", unit,
-                      "-o", str(out / unit.replace(".cpp", ".o"))], cwd=RUNTIME)
-
-    def compute(out: Path) -> dict[str, Any]:
-        # Note: the units compile side by side (and beside the wrapper): on a cold cache the
-        # runtime is the longest part of the link.
-        with ThreadPoolExecutor(max_workers=len(RUNTIME_UNITS)) as pool:
-            for done in [pool.submit(compile_unit, unit, out) for unit in RUNTIME_UNITS]:
-                done.result()
-        return {}
-
-    item, hit = items.get_or_compute(parts, compute)
-    objects = [item.file(unit.replace(".cpp", ".o")) for unit in RUNTIME_UNITS]
-    return objects, hit, f"{item.stage}/{item.key}"

@@ -1,0 +1,78 @@
+"""kiln's runtime objects: a cache item of the link stage, keyed by the runtime's sources, the
+compiler and torch, so it is built once per machine, not once per model.
+
+Usage: python -m tasks.link.runtime STORE_ROOT
+Builds the item if the store lacks it; exits 0 if it built it, 1 if it found it built.
+
+Note: the item depends on no model, so it need not wait for link. On a cold cache the runner
+starts this module when a compile starts (pipeline/prebuild.py) and the runtime compiles beside
+trace, which leaves cores idle; link then finds the item, or waits on its key lock while it is
+being built, and never builds it twice. A link that finds no item being built builds it itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from cache.hashing import digest_file, digest_json
+from cache.items import ItemCache
+from cache.store import Entry, Store
+from pipeline.envfacts import env_fact
+from tasks.codegen.cpp_build import RUNTIME, RUNTIME_FLAGS, compiler, run_compiler, torch_include
+
+STAGE = "link"  # the stage whose item namespace holds the runtime
+WHAT = "runtime"  # what pipeline/prebuild.py says it built ahead
+SOURCES = ("kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h",
+           "kiln_cuda.h", "kiln_cuda.cpp")
+UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp")
+
+
+def runtime_parts(cxx: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The item's key parts; env holds the "cxx" and "torch" facts (pipeline.envfacts)."""
+    return {"sources": digest_json([[n, digest_file(RUNTIME / n)] for n in SOURCES]),
+            "flags": digest_json([Path(cxx).name, *RUNTIME_FLAGS]), "cxx": env.get("cxx", ""),
+            "torch": env.get("torch", "")}
+
+
+def machine_env() -> dict[str, str]:
+    """The facts runtime_parts reads, as link's job gets them (both are target-independent)."""
+    return {fact: env_fact(fact, "cpu") for fact in ("cxx", "torch")}
+
+
+def runtime_objects(items: ItemCache, cxx: str, env: Mapping[str, str]) -> tuple[list[Path], Entry, bool]:
+    """The runtime's objects, their item and whether it was cached; built here if missing."""
+
+    def compile_unit(unit: str, out: Path) -> None:
+        run_compiler([cxx, *RUNTIME_FLAGS, f"-I{torch_include()}", "-I.", "-c", unit,
+                      "-o", str(out / unit.replace(".cpp", ".o"))], cwd=RUNTIME)
+
+    def compute(out: Path) -> dict[str, Any]:
+        # Note: the units compile side by side: on a cold cache the runtime is the longest part
+        # of the link.
+        with ThreadPoolExecutor(max_workers=len(UNITS)) as pool:
+            for done in [pool.submit(compile_unit, unit, out) for unit in UNITS]:
+                done.result()
+        return {}
+
+    item, hit = items.get_or_compute(runtime_parts(cxx, env), compute)
+    return [item.file(unit.replace(".cpp", ".o")) for unit in UNITS], item, hit
+
+
+def is_cached(store: Store) -> bool:
+    return ItemCache(store, STAGE).lookup(runtime_parts(compiler(), machine_env())) is not None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    _, _, hit = runtime_objects(ItemCache(Store(Path(argv[0])), STAGE), compiler(), machine_env())
+    return 1 if hit else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

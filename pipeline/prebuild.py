@@ -78,7 +78,7 @@ class Prebuilds:
         for run in self._running:
             if run.stage == stage:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    run.proc.wait(timeout=10)  # past its commit, it is exiting
+                    run.proc.wait(timeout=2)  # past its commit, it is exiting
                 if run.proc.returncode == BUILT:
                     built.append(f"{run.what} built ahead")
         return "; ".join(built)
@@ -87,7 +87,8 @@ class Prebuilds:
         """Kill what is still running (the compile ended first); remove the logs."""
         for run in self._running:
             if run.proc.poll() is None:
-                os.killpg(run.proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(run.proc.pid, signal.SIGKILL)
             run.proc.wait()
         self._running.clear()
         shutil.rmtree(self._logs, ignore_errors=True)

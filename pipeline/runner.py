@@ -111,7 +111,7 @@ class Runner:
                     blocked = f"needs {stage.name}"
                     continue
                 rows.append(self._stage(stage))
-                if rows[-1].status == "ran" and ahead.note(stage.name):
+                if rows[-1].status == "ran":
                     rows[-1].note = "; ".join(filter(None, [rows[-1].note, ahead.note(stage.name)]))
                 if self.warm is not None:
                     self.warm.discard(stage)  # started for this stage, which did not run

@@ -2,13 +2,16 @@
 
 Note: a stage may name a module (Stage.prebuild) for an item that depends on no model: today
 link's runtime objects (tasks/link/runtime.py), whose build is the longest part of a cold link.
-When a compile starts and the store lacks such an item, the runner starts the module's build in
-a process of its own, so it runs beside trace (which leaves cores idle) instead of inside link.
-The stage still asks for the item the usual way: it finds it, or waits on the item's key lock
-while it is being built; it never builds it twice, and builds it itself should the process
-ahead have failed. The process is killed, with the compilers it started, when the compile ends
-before it does; its unfinished entry is staged in the store's tmp, so nothing is poisoned. A
-compile killed with SIGKILL cannot kill it: it then finishes its build (seconds) and exits.
+When a compile first runs a stage and the store lacks such an item for a stage still to come,
+the runner starts the module's build in a process of its own, so it runs beside trace (which
+leaves cores idle) instead of inside link. The stage still asks for the item the usual way: it
+finds it, or waits on the item's key lock while it is being built; it never builds it twice,
+and builds it itself should the build ahead have failed. A build ahead is an optimisation only:
+nothing that goes wrong in starting one fails a compile. It runs at normal priority, since the
+stage that needs it may come to wait on its lock (measured here on 2 cores, a nice of 10 gained
+nothing). It is killed, with the compilers it started, and its staging folder removed, when the
+compile ends before it does; a compile killed with SIGKILL cannot kill it, and it then finishes
+its build (seconds) and exits.
 """
 
 from __future__ import annotations
@@ -22,17 +25,13 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 from cache.store import Store
 from pipeline.stages import Stage
 from pipeline.warm import worker_env
 
-# Note: a build ahead runs at a lower priority: on a machine with few cores it should take the
-# cores the compile leaves idle, not slow the stages in its way (trace, lower, or autotune's CPU
-# timings, should it still be running then).
-_NICE = ("nice", "-n", "10") if shutil.which("nice") else ()
-BUILT = 0  # a prebuild module's exit status when it built its item (1: it found it built)
+BUILT = 0  # a prebuild module's exit status when it built its item
+FOUND = 3  # ... when it found the item already built (any other status: it failed)
 
 
 @dataclass
@@ -40,7 +39,6 @@ class Running:
     stage: str
     what: str  # the item, as the stage's report row names it
     proc: subprocess.Popen[bytes]
-    log: Path
 
 
 class Prebuilds:
@@ -50,26 +48,31 @@ class Prebuilds:
         """The logs go in a folder of the store's tmp that names this process, so the store's gc
         removes it should this process be killed."""
         self.store = store
+        self.started = False
         self._running: list[Running] = []
         self._logs = store.tmp / f"prebuild-logs-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # made when needed
 
-    def start(self, stages: tuple[Stage, ...], target: str) -> None:
+    def start(self, stages: tuple[Stage, ...]) -> None:
+        """Start building what these stages (the ones this compile may still run) build ahead and
+        the store lacks; once per compile."""
+        if self.started:
+            return
+        self.started = True
         for stage in stages:
-            if stage.prebuild is None or not stage.built_for(target):
-                continue
-            module = importlib.import_module(stage.prebuild)
-            try:
-                if module.is_cached(self.store):
-                    continue
-            except RuntimeError:  # no compiler, say: the stage itself will say so, if it runs
-                continue
-            self._logs.mkdir(parents=True, exist_ok=True)
-            log = self._logs / f"{stage.name}.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen([*_NICE, sys.executable, "-m", stage.prebuild, str(self.store.root)],
-                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        env=worker_env(), start_new_session=True)
-            self._running.append(Running(stage.name, str(module.WHAT), proc, log))
+            if stage.prebuild is not None:
+                with contextlib.suppress(Exception):  # an optimisation only: the stage builds it
+                    self._start(stage, stage.prebuild)
+
+    def _start(self, stage: Stage, name: str) -> None:
+        module = importlib.import_module(name)
+        if module.is_cached(self.store):
+            return
+        self._logs.mkdir(parents=True, exist_ok=True)
+        with (self._logs / f"{stage.name}.log").open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", name, str(self.store.root)],
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=worker_env(), start_new_session=True)
+        self._running.append(Running(stage.name, str(module.WHAT), proc))
 
     def note(self, stage: str) -> str:
         """What this compile built ahead for the stage, for its row; called once the stage has
@@ -84,11 +87,23 @@ class Prebuilds:
         return "; ".join(built)
 
     def close(self) -> None:
-        """Kill what is still running (the compile ended first); remove the logs."""
+        """Kill what is still running (the compile ended first) and remove its staging folder
+        (a SIGKILL skips the store's own cleanup); remove the logs."""
         for run in self._running:
             if run.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(run.proc.pid, signal.SIGKILL)
-            run.proc.wait()
+                run.proc.wait()
+                self._remove_staging(run.proc.pid)
+            else:
+                run.proc.wait()
         self._running.clear()
         shutil.rmtree(self._logs, ignore_errors=True)
+
+    def _remove_staging(self, pid: int) -> None:
+        """The folders a dead process was writing in the store's tmp ("STAGE-KEY-PID-HEX")."""
+        if self.store.tmp.is_dir():
+            for path in self.store.tmp.iterdir():
+                parts = path.name.split("-")
+                if len(parts) >= 4 and parts[-2] == str(pid):
+                    shutil.rmtree(path, ignore_errors=True)

@@ -90,6 +90,7 @@ class Runner:
         self.touched: set[str] = set()  # stages that ran, or were cut off below one that ran
         self._t0 = 0.0
         self.warm: WarmWorkers | None = None  # workers started ahead (none when in process)
+        self.ahead = Prebuilds(store)  # items built ahead of their stage (pipeline/prebuild.py)
 
     def run(self) -> BuildResult:
         self._check_stage_names()
@@ -98,9 +99,6 @@ class Runner:
         blocked = ""
         in_process = self.options.in_process or self.options.live is not None
         self.warm = None if in_process else WarmWorkers(self.options.target, self.store.tmp)
-        ahead = Prebuilds(self.store)
-        if not self.options.in_process:
-            ahead.start(self.stages, self.options.target)
         try:
             for stage in self.stages:
                 if blocked:
@@ -112,13 +110,13 @@ class Runner:
                     continue
                 rows.append(self._stage(stage))
                 if rows[-1].status == "ran":
-                    rows[-1].note = "; ".join(filter(None, [rows[-1].note, ahead.note(stage.name)]))
+                    rows[-1].note = "; ".join(filter(None, [rows[-1].note, self.ahead.note(stage.name)]))
                 if self.warm is not None:
                     self.warm.discard(stage)  # started for this stage, which did not run
                 if stage.name == self.options.until:
                     blocked = f"--until {stage.name}"
         finally:
-            ahead.close()
+            self.ahead.close()
             if self.warm is not None:
                 self.warm.close()
         seconds = time.perf_counter() - self._t0
@@ -133,6 +131,15 @@ class Runner:
         index = self.stages.index(stage)
         after = self.stages[index + 1] if index + 1 < len(self.stages) else None
         return after if after is not None and after.built_for(self.options.target) else None
+
+    def _still_to_come(self, stage: Stage) -> tuple[Stage, ...]:
+        """The stages after this one that this build may run."""
+        coming: list[Stage] = []
+        after = self._following(stage)
+        while after is not None:
+            coming.append(after)
+            after = self._following(after)
+        return tuple(coming)
 
     def _check_stage_names(self) -> None:
         names = {s.name for s in self.stages}
@@ -198,6 +205,10 @@ class Runner:
                 if entry is not None:
                     return entry, "hit", None
             self.display.started(stage.name)
+            if not self.options.in_process:
+                # Note: started by the first stage that runs, not at the start: a no-op
+                # recompile starts nothing and looks up nothing (pipeline/prebuild.py).
+                self.ahead.start(self._still_to_come(stage))
             return self._execute(stage, parts, key)
 
     def _execute(self, stage: Stage, parts: Parts, key: str) -> tuple[Entry, str, int | None]:

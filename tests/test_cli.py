@@ -54,7 +54,8 @@ def test_report_and_explain_after_compile(project: Path, tmp_path: Path) -> None
     assert "ran" in report.stdout
     rows = {row["stage"]: row for row in json.loads((out / "report.json").read_text())["stages"]}
     assert rows["trace"]["status"] == "ran"
-    assert rows["link"]["note"].endswith("runtime cached; runtime built ahead")  # beside trace
+    # built ahead beside trace (tests/test_prebuild.py), unless a slow machine let link get there first
+    assert rows["link"]["note"].endswith(("runtime cached; runtime built ahead", "runtime compiled"))
     assert (out / "weights.safetensors").is_file()
     explained = kiln(["explain", config, "--target", "cpu"], tmp_path / "c")
     assert "rerun: no" in explained.stdout
@@ -115,7 +116,7 @@ def test_kill_9_mid_stage_then_rerun(project: Path, tmp_path: Path) -> None:
         proc = _spawn(["compile", str(config), "--target", "cpu", "--quiet"], cache_dir)
         staging = cache_dir / "store" / "tmp"
         deadline = time.time() + 60
-        while time.time() < deadline and not (staging.is_dir() and any(staging.iterdir())):
+        while time.time() < deadline and not (staging.is_dir() and any(staging.glob("trace-*"))):
             time.sleep(0.2)
         time.sleep(1.0)
         proc.send_signal(signal.SIGKILL)

@@ -1,5 +1,5 @@
-"""Items built ahead of their stage (pipeline/prebuild.py), with a stand-in module; the real
-runtime build ahead is checked by test_cli.py's compile."""
+"""Items built ahead of their stage (pipeline/prebuild.py): a stand-in module for the process
+handling, and link's runtime objects for the real thing."""
 
 from __future__ import annotations
 
@@ -9,33 +9,37 @@ from pathlib import Path
 
 from cache.store import Store
 from pipeline.prebuild import Prebuilds
-from pipeline.stages import Stage
+from pipeline.stages import STAGES, Stage
+from tasks.link import runtime
 
-STAGES = (Stage("first", "a stage with nothing ahead", entry="m:f"),
-          Stage("second", "a stage with an item ahead", entry="m:f", prebuild="tests.fake_prebuild"),
-          Stage("third", "not built for cpu", entry="m:f", targets=("cuda",), prebuild="tests.fake_prebuild"))
+FAKE = (Stage("first", "a stage with nothing ahead", entry="m:f"),
+        Stage("second", "a stage with an item ahead", entry="m:f", prebuild="tests.fake_prebuild"))
 
 
 def _wait_for(path: Path) -> str:
-    for _ in range(200):
-        if path.exists() and path.read_text():
-            return path.read_text()
+    for _ in range(1200):
+        try:
+            if text := path.read_text():
+                return text
+        except OSError:
+            pass
         time.sleep(0.05)
     raise AssertionError(f"{path} was never written")
 
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
         return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
 
 
 def test_a_build_still_running_when_the_compile_ends_is_killed_with_its_children(tmp_path: Path) -> None:
     ahead = Prebuilds(Store(tmp_path))
-    ahead.start(STAGES, "cpu")
+    ahead.start(FAKE)
     child = int(_wait_for(tmp_path / "child.pid"))
+    staging = tmp_path / "tmp" / f"link.items-0123456789abcdef-{ahead._running[0].proc.pid}-00000000"
+    staging.mkdir(parents=True)  # what a killed build leaves: the store's cleanup does not run
     assert _alive(child)
     ahead.close()
     for _ in range(100):
@@ -43,22 +47,41 @@ def test_a_build_still_running_when_the_compile_ends_is_killed_with_its_children
             break
         time.sleep(0.05)
     assert not _alive(child)
-    assert not list((tmp_path / "tmp").iterdir())  # its log folder
+    assert not list((tmp_path / "tmp").iterdir())  # its staging folder, and its log folder
 
 
 def test_a_finished_build_is_named_in_its_stage_row_and_a_failed_one_is_not(tmp_path: Path) -> None:
-    for status, note in (("0", "fake item built ahead"), ("1", ""), ("2", "")):  # built, found, failed
+    for status, note in (("0", "fake item built ahead"), ("3", ""), ("1", "")):  # built, found, failed
         (tmp_path / "status").write_text(status)
         ahead = Prebuilds(Store(tmp_path))
-        ahead.start(STAGES, "cpu")
-        assert [run.stage for run in ahead._running] == ["second"]  # third is not built for cpu
-        assert ahead.note("second") == note  # it waits for the build's end
+        ahead.start(FAKE)
+        ahead._running[0].proc.wait(timeout=120)
+        assert ahead.note("second") == note
         assert ahead.note("first") == ""
         ahead.close()
 
 
-def test_nothing_starts_for_an_item_already_cached(tmp_path: Path) -> None:
+def test_nothing_starts_for_an_item_already_cached_or_twice(tmp_path: Path) -> None:
     (tmp_path / "cached").touch()
     ahead = Prebuilds(Store(tmp_path))
-    ahead.start(STAGES, "cpu")
+    ahead.start(FAKE)
     assert not ahead._running
+    (tmp_path / "cached").unlink()
+    ahead.start(FAKE)  # once per compile
+    assert not ahead._running
+
+
+def test_the_runtime_is_built_ahead_once_and_link_finds_it(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    link = next(stage for stage in STAGES if stage.name == "link")
+    assert not runtime.is_cached(store)
+    ahead = Prebuilds(store)
+    ahead.start((link,))
+    ahead._running[0].proc.wait(timeout=300)
+    assert ahead.note("link") == "runtime built ahead"
+    ahead.close()
+    assert runtime.is_cached(store)
+    again = Prebuilds(store)
+    again.start((link,))
+    assert not again._running
+    assert not os.listdir(tmp_path / "tmp")

@@ -2,7 +2,7 @@
 compiler and torch, so it is built once per machine, not once per model.
 
 Usage: python -m tasks.link.runtime STORE_ROOT
-Builds the item if the store lacks it; exits 0 if it built it, 1 if it found it built.
+Builds the item if the store lacks it; exits 0 if it built it, 3 if it found it built.
 
 Note: the item depends on no model, so it need not wait for link. On a cold cache the runner
 starts this module when a compile starts (pipeline/prebuild.py) and the runtime compiles beside
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     _, _, hit = runtime_objects(ItemCache(Store(Path(argv[0])), STAGE), compiler(), machine_env())
-    return 1 if hit else 0
+    return 3 if hit else 0
 
 
 if __name__ == "__main__":

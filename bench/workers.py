@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import UNFINISHED, error_text
+from cache.store import write_atomic
 
 Job = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -247,11 +248,7 @@ JOBS: dict[str, Job] = {"machine": machine_job, "compile": compile_job, "latency
 
 
 def write_result(spec: dict[str, Any], found: dict[str, Any]) -> None:
-    """Write whole, then rename: a reader never sees half a result."""
-    result = Path(spec["result"])
-    partial = result.with_name(result.name + ".partial")
-    partial.write_text(json.dumps(found) + "\n")
-    partial.replace(result)
+    write_atomic(Path(spec["result"]), json.dumps(found) + "\n")  # a reader never sees half a result
 
 
 def main(argv: list[str]) -> int:

@@ -146,6 +146,13 @@ class Store:
         return removed
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write beside path, then rename over it: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def entry_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from cache import gc as cache_gc
+from cache.store import write_atomic
 from pipeline.build import Cache, compile_model, default_cache_root
 from pipeline.config import ModelConfig
 from pipeline.errors import KilnError
@@ -83,19 +84,16 @@ def bench_command(args: argparse.Namespace, config: ModelConfig, target: str, ou
     options = BenchOptions(str(config.path), target, out.resolve(), engines=args.engines,
                            recompiles=recompiles, runs=args.runs, warmup=args.warmup, timeout=args.timeout,
                            threads=args.threads)
-    bench = run_bench(options, partial=lambda so_far: _write_whole(out / "bench.json", so_far))
-    _write_whole(out / "bench.json", bench)
+    bench = run_bench(options, partial=lambda so_far: _write_bench(out / "bench.json", so_far))
+    _write_bench(out / "bench.json", bench)
     print_bench(bench, console)
     console.print(f"\nwrote {out / 'bench.json'}")
     console.print(write_chart(bench, out / "bench.png"))
     return 0
 
 
-def _write_whole(path: Path, data: dict[str, Any]) -> None:
-    """JSON written beside, then renamed over path: a reader never sees half a file."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data, indent=2) + "\n")
-    partial.replace(path)
+def _write_bench(path: Path, bench: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(bench, indent=2) + "\n")
 
 
 def explain_command(

@@ -4,7 +4,6 @@ trace (trace.json, opens in Perfetto) in the build folder."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cache.hashing import pretty_json
+from cache.store import write_atomic
 from pipeline.runner import BuildResult
 
 REPORT = "report.json"
@@ -88,19 +88,13 @@ def chrome_trace(report: dict[str, Any]) -> dict[str, Any]:
 def write_reports(result: BuildResult) -> dict[str, Any]:
     report = report_json(result)
     result.out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(result.out / REPORT, pretty_json(report))
-    _atomic_write(result.out / TRACE, json.dumps(chrome_trace(report), indent=1) + "\n")
+    write_atomic(result.out / REPORT, pretty_json(report))
+    write_atomic(result.out / TRACE, json.dumps(chrome_trace(report), indent=1) + "\n")
     return report
 
 
 def read_report(out: Path) -> dict[str, Any]:
     return dict(json.loads((out / REPORT).read_text()))
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def human_bytes(n: int | None) -> str:

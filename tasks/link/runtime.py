@@ -5,9 +5,10 @@ Usage: python -m tasks.link.runtime STORE_ROOT
 Builds the item if the store lacks it; exits 0 if it built it, 3 if it found it built.
 
 Note: the item depends on no model, so it need not wait for link. On a cold cache the runner
-starts this module when a compile starts (pipeline/prebuild.py) and the runtime compiles beside
-trace, which leaves cores idle; link then finds the item, or waits on its key lock while it is
-being built, and never builds it twice. A link that finds no item being built builds it itself.
+starts this module when the compile's first stage runs (pipeline/prebuild.py), and the runtime
+compiles beside trace, which leaves cores idle; link then finds the item, or waits on its key
+lock while it is being built, and never builds it twice. A link that finds no item being built
+builds it itself.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ import functools
 import importlib.metadata
 import os
 import platform
-import shutil
 import subprocess
 from pathlib import Path
+
+from pipeline.toolchain import CROSS_ARCH, cxx_fact, host_isa, ptxas_fact
 
 TARGETS = ("cpu", "cuda")
 
@@ -22,20 +23,6 @@ def package_version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
-
-
-@functools.cache
-def cxx_version() -> str:
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
-        return "absent"
-    try:
-        out = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, timeout=10, check=False
-        ).stdout
-    except OSError:
-        return "absent"
-    return out.splitlines()[0] if out else "unknown"
 
 
 def gpu_visible() -> bool:
@@ -63,25 +50,20 @@ def default_target() -> str:
     return "cuda" if gpu_visible() else "cpu"
 
 
-_V3_FLAGS = {"avx2", "fma", "bmi2", "f16c", "movbe"}
-
-
 @functools.cache
-def host_isa() -> str:
-    """The x86-64 level CPU kernels are compiled for: v3 (AVX2, FMA) where this CPU has it.
-
-    Note: a build is tied to that level, not to this exact CPU (no -march=native): model.so
-    checks the level when it is created and says so on a CPU without it.
-    """
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return "generic"
+def gpu_arch() -> str:
+    """The arch the cuda target's cubins are built for: the first visible GPU's compute
+    capability (nvidia-smi; tuning compiles for the GPU it runs on), or sm_90 without a GPU."""
+    if not gpu_visible():
+        return f"sm_{CROSS_ARCH}"
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    query = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", "-i", (visible or ["0"])[0]]
     try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "x86-64"
-    lines = [line for line in text.splitlines() if line.startswith("flags")]
-    flags = set(lines[0].split(":", 1)[1].split()) if lines else set()
-    return "x86-64-v3" if flags >= _V3_FLAGS else "x86-64"
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+        major, minor = out.strip().splitlines()[0].split(".")
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return "unknown"
+    return f"sm_{int(major)}{int(minor)}"
 
 
 def env_fact(name: str, target: str) -> str:
@@ -91,7 +73,7 @@ def env_fact(name: str, target: str) -> str:
     if name == "target":
         return target
     if name == "cxx":
-        return cxx_version()
+        return cxx_fact()
     if name == "triton":  # only the cuda target's kernels are Triton's
         return package_version(name) if target == "cuda" else "-"
     if name in ("torch", "safetensors"):
@@ -100,4 +82,8 @@ def env_fact(name: str, target: str) -> str:
         return host_isa()
     if name == "gpu":
         return gpu_name() if target == "cuda" else "none"
+    if name == "arch":
+        return gpu_arch() if target == "cuda" else "-"
+    if name == "ptxas":
+        return ptxas_fact() if target == "cuda" else "-"
     raise KeyError(f"unknown environment fact {name!r}")

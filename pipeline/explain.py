@@ -57,6 +57,9 @@ def _judge(runner: Runner, stage: Stage, records: Records) -> Verdict:
     if stage.name in runner.options.force:
         return Verdict(stage.name, "yes", ("--force",))
     parts, _key, entry = runner.probe(stage)
+    if parts is None:
+        reason = "its key is known only by running it (an in-memory module is traced on every compile)"
+        return Verdict(stage.name, "yes", (reason,))
     if entry is not None:
         runner.entries[stage.name] = entry
         return Verdict(stage.name, "no", ("cached",))

@@ -1,14 +1,14 @@
 """Stage keys as lists of named parts.
 
-A key is the digest of its named parts: the stage name, a digest of the stage's own source
-files, each declared config field, each declared environment fact, the digest of each input
-artifact, and any dynamic parts the stage computes (trace: the model's source files). Each
-part is recorded with the build, so `kiln explain` can name the part that changed.
+A key is the digest of its named parts: the stage name, each file of kiln's code the stage
+runs (`code:<file>`, pipeline/codedeps.py), each declared config field, each declared
+environment fact, the digest of each input artifact, and any dynamic parts the stage computes
+(trace: the model's source files). Each part is recorded with the build, so `kiln explain` can
+name the part that changed.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,9 +16,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, cast
 
-from cache.hashing import digest_file, digest_json, digest_tree
+from cache.hashing import digest_file, digest_json
 from cache.records import Records
-from pipeline.config import PROJECT_ROOT, ModelConfig
+from pipeline.codedeps import ScanStore, code_parts
+from pipeline.config import ModelConfig
 from pipeline.envfacts import env_fact
 from pipeline.stages import Stage
 
@@ -36,23 +37,17 @@ class KeyContext:
 
 
 class DynamicKeys(Protocol):
-    def key_parts(self, ctx: KeyContext) -> Parts: ...
+    """A stage's parts beyond its declaration. key_parts returns None when the key can be known
+    only by running the stage (an in-memory module: only tracing it says what it computes);
+    the stage then always runs and is keyed by what it wrote (output_parts)."""
+
+    def key_parts(self, ctx: KeyContext) -> Parts | None: ...
 
     def remember(self, ctx: KeyContext, notes: Mapping[str, Any]) -> None: ...
 
 
 def key_of(parts: Mapping[str, str]) -> str:
     return digest_json(sorted(parts.items()))
-
-
-@functools.cache
-def source_digest(sources: tuple[str, ...], root: Path = PROJECT_ROOT) -> str:
-    digests = []
-    for rel in sources:
-        path = root / rel
-        digest = digest_tree(path) if path.is_dir() else digest_file(path)
-        digests.append([rel, digest])
-    return digest_json(digests)
 
 
 def dynamic_keys(stage: Stage) -> DynamicKeys | None:
@@ -63,10 +58,13 @@ def dynamic_keys(stage: Stage) -> DynamicKeys | None:
 
 
 def static_parts(
-    stage: Stage, config: ModelConfig, target: str, inputs: Mapping[str, str]
+    stage: Stage, config: ModelConfig, target: str, inputs: Mapping[str, str], scans: ScanStore | None = None
 ) -> Parts:
-    """The parts every stage has; `inputs` maps "stage/artifact" to its digest."""
-    parts: Parts = {"stage": stage.name, "source": source_digest(stage.sources)[:16]}
+    """The parts every stage has; `inputs` maps "stage/artifact" to its digest. `scans` keeps
+    the import scans of kiln's files between processes (pipeline.codedeps)."""
+    parts: Parts = {"stage": stage.name}
+    if stage.entry is not None:
+        parts.update(code_parts(stage.entry, store=scans))
     for name in stage.config:
         parts[f"config.{name}"] = digest_json(config.field(name))[:16]
     for fact in stage.env:
@@ -74,6 +72,13 @@ def static_parts(
     for ref in stage.reads:
         parts[f"input.{ref}"] = inputs[ref][:16]
     return parts
+
+
+def output_parts(folder: Path) -> Parts:
+    """`output:<file>` -> digest of each file a stage wrote: the key of a stage that is known
+    only by its output (content addressing, as git names a blob)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return {f"output:{p.relative_to(folder).as_posix()}": digest_file(p)[:16] for p in files}
 
 
 def diff_parts(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +63,30 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.aoti_torch_delete_tensor_object.argtypes = [ctypes.c_void_p]
 
 
+def open_library(so: Path) -> ctypes.CDLL:
+    """dlopen a private copy of `so`, removed again once loaded.
+
+    Note: the dynamic loader hands back a library already loaded under the same path, so a build
+    compiled into a folder that an earlier build of this process was loaded from (two in-memory
+    modules of one class, compiled in a row) would run the earlier build's code. A copy under a
+    name of its own is loaded afresh, whatever was loaded before; the mapping outlives the name.
+    """
+    data = so.read_bytes()
+    failure: OSError | None = None
+    for folder in (tempfile.gettempdir(), str(so.parent)):  # the second where the first is noexec
+        fd, name = tempfile.mkstemp(prefix=".kiln-", suffix=f"-{so.name}", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as copy:
+                copy.write(data)
+            return ctypes.CDLL(name)
+        except OSError as err:
+            failure = err
+        finally:
+            os.unlink(name)
+    assert failure is not None
+    raise failure
+
+
 class CompiledModel:
     """A model.so and its weights: call it with the model's inputs, get its outputs."""
 
@@ -68,7 +94,7 @@ class CompiledModel:
         import torch  # noqa: F401  (model.so needs libtorch loaded first)
 
         self.build_dir = build_dir
-        self._lib = ctypes.CDLL(str(build_dir / MODEL_SO))
+        self._lib = open_library(build_dir / MODEL_SO)
         _declare(self._lib)
         version = self._lib.kiln_abi_version()
         if version != ABI_VERSION:

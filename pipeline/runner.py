@@ -19,7 +19,7 @@ from cache.store import Entry, Store
 from pipeline.config import ModelConfig
 from pipeline.errors import KilnError
 from pipeline.execute import execute_stage
-from pipeline.keys import KeyContext, Parts, dynamic_keys, key_of, static_parts
+from pipeline.keys import KeyContext, Parts, dynamic_keys, key_of, output_parts, static_parts
 from pipeline.prebuild import Prebuilds
 from pipeline.progress import Display
 from pipeline.stages import STAGES, Stage
@@ -152,20 +152,30 @@ class Runner:
         stage, name = ref.split("/", 1)
         return self.entries[stage], name
 
-    def parts(self, stage: Stage) -> Parts:
+    def parts(self, stage: Stage, outputs: Path | None = None) -> Parts | None:
+        """The stage's key parts; None for a stage whose key is known only once it has run
+        (its dynamic parts say so), until `outputs`, the folder it wrote, is given."""
         digests = {}
         for ref in stage.reads:
             entry, name = self._artifact(ref)
             digests[ref] = entry.artifacts[name].digest
-        parts = static_parts(stage, self.config, self.options.target, digests)
+        parts = static_parts(stage, self.config, self.options.target, digests, self.records)
         dyn = dynamic_keys(stage)
         if dyn is not None:
-            parts.update(dyn.key_parts(self.ctx))
+            extra = dyn.key_parts(self.ctx)
+            if extra is None:
+                if outputs is None:
+                    return None
+                extra = output_parts(outputs)
+            parts.update(extra)
         return parts
 
-    def probe(self, stage: Stage, *, forced: bool = False) -> tuple[Parts, str, Entry | None]:
-        """The stage's key parts, its key and its cached entry (None if missing or forced)."""
+    def probe(self, stage: Stage, *, forced: bool = False) -> tuple[Parts | None, str, Entry | None]:
+        """The stage's key parts, its key and its cached entry (None if missing or forced);
+        no parts and no key for a stage that must run to know its key."""
         parts = self.parts(stage)
+        if parts is None:
+            return None, "", None
         key = key_of(parts)
         return parts, key, None if forced else self.store.lookup(stage.name, key)
 
@@ -193,8 +203,12 @@ class Runner:
         return row
 
     def _compute(
-        self, stage: Stage, parts: Parts, key: str, forced: bool
+        self, stage: Stage, parts: Parts | None, key: str, forced: bool
     ) -> tuple[Entry, str, int | None]:
+        if parts is None:
+            # Note: nothing to wait for or find: the key is the output's, known after the run.
+            self.display.started(stage.name)
+            return self._execute(stage, parts, key)
         lock = self.store.root / "locks" / f"{stage.name}-{key}.lock"
         with key_lock(lock, on_wait=lambda: self.display.waiting(stage.name)):
             if not forced:
@@ -211,12 +225,12 @@ class Runner:
                 self.ahead.start(self._still_to_come(stage))
             return self._execute(stage, parts, key)
 
-    def _execute(self, stage: Stage, parts: Parts, key: str) -> tuple[Entry, str, int | None]:
+    def _execute(self, stage: Stage, parts: Parts | None, key: str) -> tuple[Entry, str, int | None]:
         inputs = {}
         for ref in stage.reads:
             entry, name = self._artifact(ref)
             inputs[ref] = str(entry.file(name))
-        with self.store.staging(stage.name, key) as folder:
+        with self.store.staging(stage.name, key or "unkeyed") as folder:
             t0 = time.perf_counter()
             def progress(done: int, total: int, what: str) -> None:
                 self.display.progress(stage.name, done, total, what)
@@ -235,7 +249,8 @@ class Runner:
                 # Note: the stage just told us what it read (its depfile); the entry is filed
                 # under the key computed from that, which is what the next build computes.
                 dyn.remember(self.ctx, outcome.notes)
-                parts = self.parts(stage)
+                parts = self.parts(stage, outputs=folder)
+                assert parts is not None
                 key = key_of(parts)
             meta = {
                 "parts": parts,

@@ -1,9 +1,10 @@
 """The stage table: kiln's compile, declared once, in order.
 
 Each stage is a pure function of what it declares here: the artifacts it reads from earlier
-stages, the config fields it reads (an allow-list), the environment facts it depends on and
-its own source files. The runner builds each stage's key from exactly these, so nothing else
-can silently join a key (Inductor's deny-list of ~290 flags is the counter-example).
+stages, the config fields it reads (an allow-list) and the environment facts it depends on.
+The runner builds each stage's key from exactly these, so nothing else can silently join a key
+(Inductor's deny-list of ~290 flags is the counter-example), plus the code the stage runs, which
+is computed from its entry, never listed (pipeline/codedeps.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ class Stage:
     reads: tuple[str, ...] = ()  # "stage/artifact" of earlier stages; their digests join the key
     config: tuple[str, ...] = ()  # dotted config fields the stage reads
     env: tuple[str, ...] = ()  # environment facts (see pipeline.envfacts)
-    sources: tuple[str, ...] = ()  # the stage's own code, relative to the project root
     entry: str | None = None  # "module:function" running the stage; None: not built yet
     keys: str | None = None  # "module" with key_parts()/remember() for dynamic key parts
     prebuild: str | None = None  # "module" building a model-independent item ahead (pipeline/prebuild.py)
@@ -48,17 +48,12 @@ TRACE_CONFIG = (
     "weights.checkpoint",
 )
 
-RUNTIME_FILES = tuple(f"runtime/{name}" for name in (
-    "kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h",
-    "kiln_fallback.h", "kiln_cuda.h", "kiln_cuda.cpp"))
-
 STAGES: tuple[Stage, ...] = (
     Stage(
         "trace",
         "torch.export the model; write the program (no weights) and the weights file",
         config=TRACE_CONFIG,
         env=("python", "torch", "safetensors"),
-        sources=("tasks/trace", "pipeline/config.py"),
         entry="tasks.trace.stage:run",
         keys="tasks.trace.keys",
         publish=("weights.safetensors",),
@@ -68,23 +63,19 @@ STAGES: tuple[Stage, ...] = (
         "aten ops to kiln's loop-level IR",
         reads=("trace/program.json",),
         env=("python", "torch"),
-        sources=("tasks/lower", "tasks/ir", "tasks/trace/program.py", "cache/hashing.py"),
         entry="tasks.lower.stage:run",
     ),
     Stage(
         "schedule",
         "fusion into kernel groups, launch order, buffer plan",
         reads=("lower/ir.json",),
-        sources=("tasks/schedule", "tasks/ir", "cache/hashing.py"),
         entry="tasks.schedule.stage:run",
     ),
     Stage(
         "gen-tuning-code",
         "one source file per kernel and a standalone tune.py",
         reads=("schedule/schedule.json",),
-        env=("target", "isa", "triton"),
-        sources=("tasks/gen_tuning", "tasks/codegen", "tasks/tune", "tasks/schedule/model.py",
-                 "tasks/schedule/kernel_loops.py", "tasks/ir", "runtime/kiln_cpu.h"),
+        env=("target", "cxx", "isa", "triton"),
         entry="tasks.gen_tuning.stage:run",
         publish=("tune.py", "kernels.json", "kernels/"),
     ),
@@ -92,8 +83,7 @@ STAGES: tuple[Stage, ...] = (
         "autotune",
         "tune every kernel on random inputs; compile the winners",
         reads=("gen-tuning-code/kernels.json",),
-        env=("target", "cxx", "isa", "gpu", "triton", "torch"),
-        sources=("tasks/autotune", "tasks/tune"),
+        env=("target", "cxx", "isa", "gpu", "arch", "ptxas", "triton", "torch"),
         entry="tasks.autotune.stage:run",
         publish=("timings.json",),
     ),
@@ -102,9 +92,6 @@ STAGES: tuple[Stage, ...] = (
         "the C++ wrapper that runs the schedule",
         reads=("schedule/schedule.json", "autotune/tuning.json", "lower/signature.json"),
         env=("target", "isa"),
-        sources=("tasks/gen_cpp", "tasks/codegen/cpp_kernel.py", "tasks/codegen/cpp_expr.py",
-                 "tasks/codegen/triton_kernel.py", "tasks/codegen/triton_expr.py", "tasks/codegen/ssa.py",
-                 "tasks/schedule/model.py", "tasks/schedule/kernel_loops.py", "tasks/ir"),
         entry="tasks.gen_cpp.stage:run",
         publish=("model.json",),
     ),
@@ -113,7 +100,6 @@ STAGES: tuple[Stage, ...] = (
         "model.so against kiln_model.h and torch's stable C shim",
         reads=("gen-cpp/wrapper.cpp", "autotune/tuning.json"),
         env=("target", "cxx", "torch", "isa"),
-        sources=("tasks/link", "tasks/codegen/cpp_build.py", "tasks/gen_cpp/wrapper.py", *RUNTIME_FILES),
         entry="tasks.link.stage:run",
         prebuild="tasks.link.runtime",
         publish=("model.so", "kiln_model.h"),

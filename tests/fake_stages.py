@@ -61,11 +61,11 @@ def _count(job: StageJob) -> None:
 
 
 FAKE_STAGES: tuple[Stage, ...] = (
-    Stage("first", "", config=("model.kwargs",), sources=("tests/fake_stages.py",),
+    Stage("first", "", config=("model.kwargs",),
           entry="tests.fake_stages:first", publish=("first.txt",)),
-    Stage("second", "", reads=("first/first.txt",), sources=("tests/fake_stages.py",),
+    Stage("second", "", reads=("first/first.txt",),
           entry="tests.fake_stages:second"),
-    Stage("third", "", reads=("second/second.txt",), sources=("tests/fake_stages.py",),
+    Stage("third", "", reads=("second/second.txt",),
           entry="tests.fake_stages:third"),
     Stage("fourth", "", reads=("third/third.txt",), planned="a later issue"),
 )
@@ -81,5 +81,5 @@ def consume(job: StageJob) -> Mapping[str, Any]:
 
 def with_consumer(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
     consumer = Stage("consume", "", reads=("trace/program.json",),
-                     sources=("tests/fake_stages.py",), entry="tests.fake_stages:consume")
+                     entry="tests.fake_stages:consume")
     return (stages[0], consumer)

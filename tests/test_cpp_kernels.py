@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tasks.codegen.cpp_build import FLAGS, RUNTIME, compiler
+from pipeline.toolchain import FLAGS
+from tasks.codegen.cpp_build import RUNTIME, compiler
 from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
 from tests.cpp_kernel_harness import check_kernel, needs_cxx
 from tests.schedule_harness import compile_fn

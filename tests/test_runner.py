@@ -194,7 +194,7 @@ def test_a_crash_in_a_worker_started_ahead_is_reported(
 
 def test_an_entry_that_fails_to_import_in_an_early_worker_reports_its_own_error(
         project: Path, cache: Cache, warm_pools: list[WarmWorkers]) -> None:
-    broken = Stage("second", "", reads=("first/first.txt",), sources=("tests/fake_stages.py",),
+    broken = Stage("second", "", reads=("first/first.txt",),
                    entry="tests.no_such_module:second")
     options = BuildOptions("cpu", project / "build")
     with pytest.raises(KilnError, match="internal error in stage second: ModuleNotFoundError"):

@@ -17,6 +17,7 @@ from typing import Any
 from cache.hashing import digest_file, digest_json, pretty_json
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
+from pipeline.toolchain import cxx
 from tasks.autotune.coverage import coverage, coverage_text, with_places
 from tasks.tune import cpu_tune
 
@@ -31,7 +32,9 @@ def run(job: StageJob) -> Mapping[str, Any]:
     kernels_json = job.input("gen-tuning-code/kernels.json")
     spec = json.loads(kernels_json.read_text())
     folder = kernels_json.parent / spec["folder"]
-    compiler = [shutil.which(spec["compiler"][0]) or spec["compiler"][0], *spec["compiler"][1:]]
+    # Note: kernels.json names the compiler (tune.py finds it on PATH); here it is the one the
+    # `cxx` key fact names.
+    compiler = [cxx(), *spec["compiler"][1:]]
     items = job.items()
     tuner = digest_file(Path(cpu_tune.__file__))
     records: dict[str, Any] = {}

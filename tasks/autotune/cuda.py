@@ -5,8 +5,8 @@ per visible GPU) and its winner's cubin kept. Without one, each kernel's default
 compiled for the configured arch and marked untuned: a cross-compile, and what CI checks.
 
 Note: a kernel's cache item is keyed by its module's source, its candidates, the GPU's model
-(or "none" and the arch), and the triton and torch versions, so a one-layer edit re-tunes only
-the kernels whose source changed.
+(or "none" and the arch), the arch, the ptxas versions and the triton and torch versions, so a
+one-layer edit re-tunes only the kernels whose source changed.
 """
 
 from __future__ import annotations
@@ -192,4 +192,5 @@ def _item_parts(entry: dict[str, Any], folder: Path, arch: int, env: Mapping[str
     return {"kernel": entry["key"], "source": digest_json(source),
             "candidates": digest_json(candidates), "params": digest_json(entry["params"]),
             "gpu": gpu if gpu != "none" else f"none/sm_{arch}", "triton": env.get("triton", ""),
-            "torch": env.get("torch", ""), "tuner": tuner}
+            "torch": env.get("torch", ""), "ptxas": env.get("ptxas", ""), "arch": env.get("arch", ""),
+            "tuner": tuner}

@@ -1,42 +1,20 @@
-"""Compiling generated C++ on the host: the flags every CPU kernel, wrapper and model is built with."""
+"""Compiling generated C++ on the host, with the compiler and flags pipeline.toolchain picks."""
 
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import subprocess
 from pathlib import Path
 
-from pipeline.envfacts import host_isa
+from pipeline.toolchain import cxx, host_isa, kernel_flags
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
-# Note: no -ffast-math: kiln must give eager's NaN and infinity behaviour. -fno-trapping-math
-# changes no result (kiln never unmasks FP exceptions); without it GCC will not if-convert the
-# selects of kiln::exp and friends, and a loop that calls them stays scalar. The x86-64 level
-# comes from the host (isa_flags), never -march=native, which would tie a build to one CPU.
-FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
-# Note: the wrapper only calls kernels and the shim: -O1 compiles it in a third of -O2's time
-# and runs no slower. The runtime is compiled once per compiler and torch, so it gets -O2.
-WRAPPER_FLAGS = ("-std=c++17", "-O1", "-fPIC", "-fno-math-errno")
-RUNTIME_FLAGS = ("-std=c++17", "-O2", "-fPIC")
-LINK_FLAGS = ("-shared", "-fopenmp")
-
-
-def isa_flags(isa: str) -> tuple[str, ...]:
-    """Code generation flags for an x86-64 level (pipeline.envfacts.host_isa)."""
-    return ("-march=x86-64-v3",) if isa == "x86-64-v3" else ()
-
-
-def kernel_flags(isa: str) -> tuple[str, ...]:
-    return (*FLAGS, *isa_flags(isa))
 TORCH_LIBS = ("-ltorch_cpu", "-lc10")
 
 
 def compiler() -> str:
-    found = shutil.which("g++") or shutil.which("c++")
-    if found is None:
-        raise RuntimeError("no C++ compiler (g++) on PATH")
-    return found
+    """The C++ compiler every build runs (the one the `cxx` key fact names)."""
+    return cxx()
 
 
 def torch_root() -> Path:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
-from pipeline.envfacts import host_isa
-from tasks.codegen.cpp_build import RUNTIME, kernel_flags
+from pipeline.toolchain import cxx, host_isa, kernel_flags
+from tasks.codegen.cpp_build import RUNTIME
 from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
 from tasks.codegen.inputs import index_bounds
 from tasks.ir.serialize import buffer_json
@@ -46,7 +46,7 @@ def write(schedule: Schedule, out: Path, isa: str | None = None) -> dict[str, An
     places = kernel_places(schedule)
     entries = [_entry(group, folder) | {"places": sorted({p for k in group for p in places.get(k.name, ())})}
                for group in kernels_by_key(schedule).values()]
-    compiler = ["g++", *kernel_flags(isa or host_isa())]
+    compiler = [Path(cxx()).name, *kernel_flags(isa or host_isa())]
     spec = {"target": "cpu", "folder": "kernels", "compiler": compiler, "kernels": entries}
     (out / "kernels.json").write_text(pretty_json(spec))
     shutil.copyfile(TUNER, out / "tune.py")

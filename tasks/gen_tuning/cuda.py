@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
+from pipeline.toolchain import CROSS_ARCH
 from tasks.codegen.inputs import index_bounds
 from tasks.codegen.triton_kernel import (
     TritonVariant,
@@ -29,7 +30,6 @@ from tasks.ir.serialize import buffer_json
 from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
 
 TUNER = Path(__file__).resolve().parents[1] / "tune" / "cuda_tune.py"
-DEFAULT_ARCH = 90  # sm_90: the arch cubins are built for when no GPU is visible
 
 
 def function_for(name: str, variant: TritonVariant) -> str:
@@ -42,7 +42,7 @@ def write(schedule: Schedule, out: Path) -> dict[str, Any]:
     places = kernel_places(schedule)
     entries = [_entry(group, folder) | {"places": sorted({p for k in group for p in places.get(k.name, ())})}
                for group in kernels_by_key(schedule).values()]
-    spec = {"target": "cuda", "folder": "kernels", "arch": DEFAULT_ARCH, "kernels": entries}
+    spec = {"target": "cuda", "folder": "kernels", "arch": CROSS_ARCH, "kernels": entries}
     (out / "kernels.json").write_text(pretty_json(spec))
     shutil.copyfile(TUNER, out / "tune.py")
     return spec

@@ -19,22 +19,23 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cache.hashing import digest_file, digest_json
+from cache.hashing import digest_json, digest_tree
 from cache.items import ItemCache
 from cache.store import Entry, Store
 from pipeline.envfacts import env_fact
-from tasks.codegen.cpp_build import RUNTIME, RUNTIME_FLAGS, compiler, run_compiler, torch_include
+from pipeline.toolchain import RUNTIME_FLAGS
+from tasks.codegen.cpp_build import RUNTIME, compiler, run_compiler, torch_include
 
 STAGE = "link"  # the stage whose item namespace holds the runtime
 WHAT = "runtime"  # what pipeline/prebuild.py says it built ahead
-SOURCES = ("kiln_runtime.cpp", "kiln_runtime.h", "kiln_model.h", "kiln_safetensors.h", "kiln_cpu.h",
-           "kiln_cuda.h", "kiln_cuda.cpp")
 UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp")
 
 
 def runtime_parts(cxx: str, env: Mapping[str, str]) -> dict[str, str]:
     """The item's key parts; env holds the "cxx" and "torch" facts (pipeline.envfacts)."""
-    return {"sources": digest_json([[n, digest_file(RUNTIME / n)] for n in SOURCES]),
+    # Note: every file of runtime/, not a list of the ones the units include: they compile with
+    # -I runtime/, so any header there may be read, and a list kept by hand drifts.
+    return {"sources": digest_tree(RUNTIME, suffixes=None),
             "flags": digest_json([Path(cxx).name, *RUNTIME_FLAGS]), "cxx": env.get("cxx", ""),
             "torch": env.get("torch", "")}
 

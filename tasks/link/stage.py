@@ -18,13 +18,11 @@ from typing import Any
 
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
+from pipeline.toolchain import LINK_FLAGS, WRAPPER_FLAGS, isa_flags
 from tasks.codegen.cpp_build import (
-    LINK_FLAGS,
     RUNTIME,
     TORCH_LIBS,
-    WRAPPER_FLAGS,
     compiler,
-    isa_flags,
     run_compiler,
     torch_include,
     torch_lib,

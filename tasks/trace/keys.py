@@ -23,11 +23,9 @@ def depfile_id(ctx: KeyContext) -> str:
     return str(ctx.config.path)
 
 
-def key_parts(ctx: KeyContext) -> Parts:
+def key_parts(ctx: KeyContext) -> Parts | None:
     if ctx.live is not None:
-        from tasks.trace.live import live_key_parts
-
-        return live_key_parts(ctx.live)
+        return None  # traced on every compile, keyed by its program (tasks/trace/live.py)
     parts: Parts = {}
     deps = ctx.records.get(DEPFILE, depfile_id(ctx))
     if deps is None:

@@ -105,6 +105,12 @@ def scan_module(path: Path, root: Path, store: ScanStore | None = None) -> Scan:
     return scan
 
 
+def clear_memo() -> None:
+    """Forget this process's digests and scans (a test that edits files between key checks)."""
+    _MEMO.clear()
+    file_digest.cache_clear()
+
+
 # Note: the scan of a file depends only on its bytes and its place under the root (relative
 # imports, paths from __file__); the digest names the bytes, the version names the scanner.
 _NAMESPACE = "codescan-1"

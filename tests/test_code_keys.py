@@ -1,0 +1,160 @@
+"""Every stage's key covers all the code it runs (pipeline/codedeps.py): a comment appended to any
+kiln file changes the key of each stage that runs it and of no other, checked on a copy of the
+tree through the key path alone (no compiles)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import codedeps
+from pipeline.config import PROJECT_ROOT
+from pipeline.stages import STAGES
+
+KILN_DIRS = ("pipeline", "tasks", "cache", "runtime", "bench", "scripts")
+RUNTIME_READERS = {"runtime/kiln_cpu.h": {"gen-tuning-code", "link"}}  # besides link, for every file
+
+
+def _copy_tree(dest: Path) -> Path:
+    for name in KILN_DIRS:
+        shutil.copytree(PROJECT_ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PROJECT_ROOT / "configs", dest / "configs")
+    return dest.resolve()
+
+
+def _stage_parts(root: Path) -> dict[str, dict[str, str]]:
+    codedeps.file_digest.cache_clear()  # the scans stay: they are kept by digest
+    return {s.name: codedeps.code_parts(s.entry, root) for s in STAGES if s.entry}
+
+
+def _imported_files(root: Path) -> dict[str, set[str]]:
+    """Ground truth from Python itself: the kiln files in sys.modules after importing each
+    stage's entry module in a fresh process (a lower bound: lazy imports are not run)."""
+    script = """
+import importlib, json, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+found = {}
+for stage, module in json.loads(sys.argv[2]).items():
+    importlib.import_module(module)
+    files = {getattr(m, "__file__", None) for m in list(sys.modules.values())}
+    found[stage] = sorted(Path(f).resolve().relative_to(root).as_posix() for f in files
+                          if f and Path(f).resolve().is_relative_to(root))
+print(json.dumps(found))
+"""
+    result = {}
+    for stage in STAGES:
+        if stage.entry is None:
+            continue
+        entries = json.dumps({stage.name: stage.entry.partition(":")[0]})
+        proc = subprocess.run([sys.executable, "-c", script, str(root), entries], cwd=root,
+                              capture_output=True, text=True, check=True)
+        result.update({k: set(v) for k, v in json.loads(proc.stdout).items()})
+    return result
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _copy_tree(tmp_path_factory.mktemp("tree"))
+
+
+def test_a_comment_in_any_file_changes_exactly_the_stages_that_run_it(tree: Path) -> None:
+    imported = _imported_files(tree)
+    baseline = _stage_parts(tree)
+    files = sorted(p for d in KILN_DIRS for p in (tree / d).rglob("*")
+                   if p.is_file() and "__pycache__" not in p.parts)
+    assert len(files) > 100
+    reached_by_some = 0
+    for path in files:
+        rel = path.relative_to(tree).as_posix()
+        original = path.read_bytes()
+        path.write_bytes(original + (b"\n// kiln key test\n" if path.suffix in (".h", ".cpp") else b"\n# kiln key test\n"))
+        try:
+            after = _stage_parts(tree)
+        finally:
+            path.write_bytes(original)
+        changed = {stage for stage in baseline if after[stage] != baseline[stage]}
+        must = {stage for stage, files in imported.items() if rel in files}
+        if rel.startswith("runtime/"):
+            must |= RUNTIME_READERS.get(rel, set()) | {"link"}
+        assert must <= changed, f"{rel}: stages {sorted(must - changed)} run it, but their keys did not change"
+        reaching = {stage for stage in baseline if f"code:{rel}" in baseline[stage]}
+        assert changed == reaching, f"{rel}: changed {sorted(changed)}, reached by {sorted(reaching)}"
+        for stage in changed:
+            assert after[stage][f"code:{rel}"] != baseline[stage][f"code:{rel}"]
+        reached_by_some += bool(changed)
+    assert reached_by_some > 60
+
+
+def test_what_no_stage_runs_changes_no_key(tree: Path) -> None:
+    baseline = _stage_parts(tree)
+    for rel in ("pipeline/cli.py", "pipeline/commands.py", "bench/suite.py", "configs/mlp.toml"):
+        path = tree / rel
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n# kiln key test\n")
+        try:
+            assert _stage_parts(tree) == baseline, rel
+        finally:
+            path.write_bytes(original)
+
+
+def test_runtime_headers_reach_only_the_stages_that_compile_or_copy_them(tree: Path) -> None:
+    parts = _stage_parts(tree)
+    for stage in ("trace", "lower", "schedule", "autotune", "gen-cpp"):
+        assert not [p for p in parts[stage] if p.startswith("code:runtime/")], stage
+    runtime = {f"code:runtime/{p.name}" for p in (tree / "runtime").iterdir() if p.is_file()}
+    assert runtime <= set(parts["link"])
+    assert "code:tasks/tune/cpu_tune.py" in parts["gen-tuning-code"]  # copied as tune.py, never imported
+
+
+def test_scans_are_kept_by_digest_between_processes(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Store(dict[tuple[str, str], object]):
+        def get(self, namespace: str, key: str) -> object:  # type: ignore[override]
+            return super().get((namespace, key))
+
+        def set(self, namespace: str, key: str, value: object) -> None:
+            self[(namespace, key)] = value
+
+    store = Store()
+    codedeps.clear_memo()
+    first = codedeps.code_closure("tasks.link.stage", tree, store)
+    assert store
+    codedeps.clear_memo()
+    parsed: list[Path] = []
+    real = codedeps.parse_module
+
+    def counting(path: Path, root: Path) -> codedeps.Scan:
+        parsed.append(path)
+        return real(path, root)
+
+    monkeypatch.setattr(codedeps, "parse_module", counting)
+    assert codedeps.code_closure("tasks.link.stage", tree, store) == first
+    assert parsed == []
+
+
+def test_explain_names_the_kiln_file_that_changed(tmp_path: Path) -> None:
+    """The issue's own case: a comment appended to cache/hashing.py reruns trace, and explain
+    says so by name (a hand-kept list had left it out)."""
+    root = _copy_tree(tmp_path / "kiln")
+    shutil.copytree(PROJECT_ROOT / "models", root / "models")
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(root), COLUMNS="200")
+
+    def kiln(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=root, env=env,
+                              capture_output=True, text=True, check=False, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    kiln("compile", "mlp", "--target", "cpu", "--until", "trace")
+    with (root / "cache" / "hashing.py").open("a") as f:
+        f.write("# a comment\n")
+    out = kiln("explain", "mlp", "--target", "cpu")
+    trace = out.split("lower")[0]
+    assert "rerun: yes" in trace
+    assert "part code:cache/hashing.py changed" in trace

@@ -65,7 +65,8 @@ def shared_linear() -> torch.nn.Linear:
 def pairs(lin: torch.nn.Linear) -> dict[str, tuple[torch.nn.Module, torch.nn.Module]]:
     """name -> (side 0, side 1): each pair shares its weights and its classes."""
     return {
-        "relu-sigmoid": (torch.nn.Sequential(lin, torch.nn.ReLU()), torch.nn.Sequential(lin, torch.nn.Sigmoid())),
+        "relu-sigmoid": (torch.nn.Sequential(lin, torch.nn.ReLU()),
+                         torch.nn.Sequential(lin, torch.nn.Sigmoid())),
         "gelu-tanh": (torch.nn.Sequential(lin, torch.nn.GELU()),
                       torch.nn.Sequential(lin, torch.nn.GELU(approximate="tanh"))),
         "flag": (Flagged(lin, exp=True), Flagged(lin, exp=False)),
@@ -85,7 +86,8 @@ def check(module: torch.nn.Module, x: torch.Tensor, cache: Path, out: Path) -> f
     fresh = torch.randn_like(x)
     with torch.no_grad():
         got, want = compiled(fresh), module(fresh)
-    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    assert got.shape == want.shape
+    assert got.dtype == want.dtype
     return float((got.double() - want.double()).abs().max())
 
 

@@ -64,8 +64,8 @@ def test_pairs_across_two_processes(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     for side, scale in ((0, "2.0"), (1, "3.0")):
         env = dict(os.environ, KILN_TEST_SCALE=scale)
-        proc = subprocess.run([sys.executable, "-m", "tests.live_cases", str(cache), str(tmp_path / f"side{side}"),
-                               str(side)], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, check=False)
+        cmd = [sys.executable, "-m", "tests.live_cases", str(cache), str(tmp_path / f"side{side}"), str(side)]
+        proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, check=False)
         assert proc.returncode == 0, f"side {side}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
 
 
@@ -102,7 +102,8 @@ def test_example_input_strides_are_in_the_key_and_any_layout_runs(cache_dir: Pat
     base = torch.randn(6, 5)
     module = Transposed()
     built_t = kiln_compile(module, (base.t(),), target="cpu", cache_dir=cache_dir, out=tmp_path / "t")
-    built_c = kiln_compile(module, (base.t().contiguous(),), target="cpu", cache_dir=cache_dir, out=tmp_path / "c")
+    built_c = kiln_compile(module, (base.t().contiguous(),), target="cpu", cache_dir=cache_dir,
+                           out=tmp_path / "c")
     assert built_t.inputs[0].stride == (1, 5)
     assert built_c.inputs[0].stride == (6, 1)
     for built in (built_t, built_c):
@@ -119,7 +120,8 @@ class DataDependent(torch.nn.Module):
 
 def test_a_module_export_cannot_trace_names_its_line(cache_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(KilnError) as err:
-        kiln_compile(DataDependent(), (torch.randn(3),), target="cpu", cache_dir=cache_dir, out=tmp_path / "dd")
+        kiln_compile(DataDependent(), (torch.randn(3),), target="cpu", cache_dir=cache_dir,
+                     out=tmp_path / "dd")
     assert "torch.export failed" in str(err.value)
     assert "test_live_keys.py" in str(err.value)
     assert "if x.sum() > 0" in str(err.value)

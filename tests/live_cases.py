@@ -33,7 +33,7 @@ class Flagged(torch.nn.Module):
         self.exp = exp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.lin(x)
+        h: torch.Tensor = self.lin(x)
         return h.exp() if self.exp else h.cos()
 
 

@@ -12,7 +12,9 @@ from the AST instead:
 - A module that names a file by a path from `__file__` (`Path(__file__).parents[1] / "tune" /
   "cpu_tune.py"`, or a name bound to one) reads it: a template it copies, a header it compiles.
   A folder named so reads every file in it, unless it holds Python code, which is reached (or
-  not) by imports: the project root and a package's own folder are not data.
+  not) by imports: the project root and a package's own folder are not data. A path made from
+  one some other way (os.path.join, .glob, an f-string) is not followed but flagged
+  (Scan.unfollowed), and a test keeps stage code free of those.
 Only modules under the project root count: torch, triton and the compiler are keyed by their
 versions (pipeline.envfacts).
 
@@ -54,6 +56,7 @@ class Scan:
 
     imports: tuple[str, ...]
     reads: tuple[str, ...]
+    unfollowed: tuple[int, ...] = ()  # lines where a path from __file__ is made into one not followed
 
 
 def code_parts(entry: str, root: Path = PROJECT_ROOT, store: ScanStore | None = None) -> dict[str, str]:
@@ -95,12 +98,13 @@ def scan_module(path: Path, root: Path, store: ScanStore | None = None) -> Scan:
     if memo is not None:
         return memo
     known = store.get(_NAMESPACE, digest) if store is not None else None
-    if isinstance(known, dict) and set(known) == {"imports", "reads"}:
-        scan = Scan(tuple(known["imports"]), tuple(known["reads"]))
+    if isinstance(known, dict) and set(known) == {"imports", "reads", "unfollowed"}:
+        scan = Scan(tuple(known["imports"]), tuple(known["reads"]), tuple(known["unfollowed"]))
     else:
         scan = parse_module(path, root)
         if store is not None:
-            store.set(_NAMESPACE, digest, {"imports": list(scan.imports), "reads": list(scan.reads)})
+            store.set(_NAMESPACE, digest, {"imports": list(scan.imports), "reads": list(scan.reads),
+                                           "unfollowed": list(scan.unfollowed)})
     _MEMO[digest] = scan
     return scan
 
@@ -125,12 +129,14 @@ def parse_module(path: Path, root: Path) -> Scan:
     for node in _running_nodes(tree, source):
         imports.extend(_imports_of(node, package))
     reads: list[str] = []
+    unfollowed: list[int] = []
     if b"__file__" in source:
-        for found in PathResolver(path, tree).reads():
-            resolved = Path(os.path.normpath(found))
+        found, unfollowed = PathResolver(path, tree).reads()
+        for read in found:
+            resolved = Path(os.path.normpath(read))
             if resolved.is_relative_to(root):
                 reads.append(resolved.relative_to(root).as_posix())
-    return Scan(tuple(dict.fromkeys(imports)), tuple(dict.fromkeys(reads)))
+    return Scan(tuple(dict.fromkeys(imports)), tuple(dict.fromkeys(reads)), tuple(unfollowed))
 
 
 def _package_of(path: Path, root: Path) -> list[str]:
@@ -222,9 +228,9 @@ class PathResolver:
     """Evaluates the path expressions of a module that start from `__file__`.
 
     Understood: `__file__`, `Path(x)`, `x.parent`, `x.parents[N]`, `x.resolve()`, `x.absolute()`,
-    `x / "const"`, and a name assigned one of these anywhere in the module (or given one by a
-    `for`-less plain assignment). Only outermost expressions count as reads: the folder inside
-    `Path(__file__).parent / "kiln_cpu.h"` is a step, not a read.
+    `x / "const"`, and a name assigned one of these anywhere in the module. Only outermost
+    expressions count as reads: the folder inside `Path(__file__).parent / "kiln_cpu.h"` is a
+    step, not a read.
     """
 
     def __init__(self, path: Path, tree: ast.Module) -> None:
@@ -238,18 +244,25 @@ class PathResolver:
             if isinstance(target, ast.Name) and value is not None:
                 self.names[target.id] = value
 
-    def reads(self) -> list[Path]:
+    def reads(self) -> tuple[list[Path], list[int]]:
+        """The paths read, and the lines where a path from __file__ is made into another path
+        in a way this class does not follow (such a read would be missed: a test keeps kiln free
+        of them)."""
         found: list[Path] = []
-        self._outermost(self.tree, found)
-        return found
+        unfollowed: list[int] = []
+        self._outermost(self.tree, found, unfollowed)
+        return found, unfollowed
 
-    def _outermost(self, node: ast.AST, found: list[Path]) -> None:
+    def _outermost(self, node: ast.AST, found: list[Path], unfollowed: list[int]) -> None:
         for child in ast.iter_child_nodes(node):
             value = self.value(child) if isinstance(child, ast.expr) else None
-            if value is not None and not _is_bare_name(child, self.names):
+            if value is None:
+                self._outermost(child, found, unfollowed)
+                continue
+            if not _is_bare_name(child, self.names):
                 found.append(value)
-            else:
-                self._outermost(child, found)
+            if _derives_a_path(node, child):
+                unfollowed.append(getattr(child, "lineno", 0))
 
     def value(self, node: ast.expr) -> Path | None:
         if isinstance(node, ast.Name):
@@ -277,6 +290,25 @@ class PathResolver:
         if isinstance(func, ast.Attribute) and func.attr in ("resolve", "absolute") and not node.args:
             return self.value(func.value)
         return None
+
+
+_KEEPS_THE_PATH = {"read_text", "read_bytes", "open", "is_file", "is_dir", "exists", "stat", "as_posix",
+                   "name", "stem", "suffix"}
+_DERIVES = {"join", "dirname", "abspath", "realpath", "normpath", "relpath"}  # os.path's
+
+
+def _derives_a_path(parent: ast.AST, child: ast.expr) -> bool:
+    """Whether `parent` makes a path from __file__ (child) into another path: by an operator, a
+    format string, a method such as .glob or .with_suffix, a non-constant index or os.path."""
+    if isinstance(parent, (ast.BinOp, ast.JoinedStr, ast.FormattedValue, ast.Subscript)):
+        return True
+    if isinstance(parent, ast.Attribute):
+        return parent.attr not in _KEEPS_THE_PATH
+    if isinstance(parent, ast.Call) and child is not parent.func:
+        func = parent.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        return name in _DERIVES
+    return False
 
 
 def _is_bare_name(node: ast.AST, names: dict[str, Path]) -> bool:

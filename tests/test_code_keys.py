@@ -159,3 +159,29 @@ def test_explain_names_the_kiln_file_that_changed(tmp_path: Path) -> None:
     trace = out.split("lower")[0]
     assert "rerun: yes" in trace
     assert "part code:cache/hashing.py changed" in trace
+
+
+def test_every_path_from_file_in_stage_code_is_followed() -> None:
+    """The scanner follows `Path(__file__)...` chains; a stage module that made such a path into
+    another one some other way (os.path.join, .glob, an f-string) would read files no key names."""
+    unfollowed = {}
+    for stage in STAGES:
+        if stage.entry is None:
+            continue
+        for rel in codedeps.code_closure(stage.entry.partition(":")[0]):
+            if rel.endswith(".py"):
+                lines = codedeps.parse_module(PROJECT_ROOT / rel, PROJECT_ROOT).unfollowed
+                if lines:
+                    unfollowed[rel] = lines
+    assert unfollowed == {}
+
+
+def test_the_scanner_flags_what_it_does_not_follow(tmp_path: Path) -> None:
+    module = tmp_path / "mod.py"
+    module.write_text("import os\nfrom pathlib import Path\nHERE = Path(__file__).parent\n"
+                      "DATA = HERE / 'data' / 'x.json'\n"
+                      "OTHER = os.path.join(os.path.dirname(__file__), 'y.json')\n"
+                      "ALL = sorted(HERE.glob('*.txt'))\n")
+    scan = codedeps.parse_module(module, tmp_path)
+    assert "data/x.json" in scan.reads
+    assert scan.unfollowed == (5, 6)

@@ -297,7 +297,7 @@ _KEEPS_THE_PATH = {"read_text", "read_bytes", "open", "is_file", "is_dir", "exis
 _DERIVES = {"join", "dirname", "abspath", "realpath", "normpath", "relpath"}  # os.path's
 
 
-def _derives_a_path(parent: ast.AST, child: ast.expr) -> bool:
+def _derives_a_path(parent: ast.AST, child: ast.AST) -> bool:
     """Whether `parent` makes a path from __file__ (child) into another path: by an operator, a
     format string, a method such as .glob or .with_suffix, a non-constant index or os.path."""
     if isinstance(parent, (ast.BinOp, ast.JoinedStr, ast.FormattedValue, ast.Subscript)):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from cache.hashing import digest_bytes
+from cache.hashing import digest_bytes, digest_json
 from pipeline.config import PROJECT_ROOT
 
 CODE_PART = "code:"  # key parts are named code:<file relative to the project root>
@@ -65,10 +65,19 @@ def code_parts(entry: str, root: Path = PROJECT_ROOT, store: ScanStore | None = 
     return {f"{CODE_PART}{rel}": file_digest(root / rel)[:16] for rel in files}
 
 
+def code_digest(module: str, root: Path = PROJECT_ROOT) -> str:
+    """One digest of all the code `module` runs: for the key of a cache item a stage computes
+    inside itself (a kernel's tuning, kiln's runtime objects), which the stage's key does not
+    reach."""
+    return digest_json(sorted(code_parts(module, root).items()))
+
+
 def code_closure(module: str, root: Path = PROJECT_ROOT, store: ScanStore | None = None) -> tuple[str, ...]:
     """Files (relative, sorted) of `module`, the kiln modules it reaches and the files they read."""
     seen: set[Path] = set()
     pending = list(_module_chain(module, root))
+    if not pending:
+        raise ValueError(f"{module!r} is not a module of kiln's (under {root})")
     while pending:
         path = pending.pop()
         if path in seen:

@@ -185,3 +185,27 @@ def test_the_scanner_flags_what_it_does_not_follow(tmp_path: Path) -> None:
     scan = codedeps.parse_module(module, tmp_path)
     assert "data/x.json" in scan.reads
     assert scan.unfollowed == (5, 6)
+
+
+ITEM_CODE = {"tasks.autotune.cpu": "tasks/tune/cpu_tune.py", "tasks.autotune.cuda": "tasks/tune/cuda_tune.py",
+             "tasks.link.runtime": "runtime/kiln_safetensors.h"}  # module -> a file it reaches
+
+
+@pytest.mark.parametrize("module", sorted(ITEM_CODE))
+def test_an_item_made_inside_a_stage_is_keyed_by_the_code_that_makes_it(tree: Path, module: str) -> None:
+    """A kernel's tuning and kiln's runtime objects are cache items of their own: an edit of the
+    tuner or of a runtime header must miss them, an edit elsewhere must not."""
+    reached = ITEM_CODE[module]
+    codedeps.clear_memo()
+    before = codedeps.code_digest(module, tree)
+    for rel, changes in ((reached, True), ("tasks/lower/stage.py", False)):
+        path = tree / rel
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n")
+        try:
+            codedeps.clear_memo()
+            assert (codedeps.code_digest(module, tree) != before) is changes, rel
+        finally:
+            path.write_bytes(original)
+    with pytest.raises(ValueError, match="not a module"):
+        codedeps.code_digest("__main__", tree)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import digest_file, digest_json, pretty_json
+from pipeline.codedeps import code_digest
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
 from pipeline.toolchain import cxx
@@ -36,7 +37,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     # `cxx` key fact names.
     compiler = [cxx(), *spec["compiler"][1:]]
     items = job.items()
-    tuner = digest_file(Path(cpu_tune.__file__))
+    tuner = code_digest("tasks.autotune.cpu")  # this module's code, the tuner's, and all they import
     records: dict[str, Any] = {}
     hits = 0
     used: list[str] = []

@@ -19,9 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cache.hashing import digest_json, digest_tree
+from cache.hashing import digest_json
 from cache.items import ItemCache
 from cache.store import Entry, Store
+from pipeline.codedeps import code_digest
 from pipeline.envfacts import env_fact
 from pipeline.toolchain import RUNTIME_FLAGS
 from tasks.codegen.cpp_build import RUNTIME, compiler, run_compiler, torch_include
@@ -33,9 +34,9 @@ UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp")
 
 def runtime_parts(cxx: str, env: Mapping[str, str]) -> dict[str, str]:
     """The item's key parts; env holds the "cxx" and "torch" facts (pipeline.envfacts)."""
-    # Note: every file of runtime/, not a list of the ones the units include: they compile with
-    # -I runtime/, so any header there may be read, and a list kept by hand drifts.
-    return {"sources": digest_tree(RUNTIME, suffixes=None),
+    # Note: the code that builds the item, and every file of runtime/ (it compiles with -I
+    # runtime/, so any header there may be read): pipeline.codedeps finds both, from this module.
+    return {"code": code_digest("tasks.link.runtime"),
             "flags": digest_json([Path(cxx).name, *RUNTIME_FLAGS]), "cxx": env.get("cxx", ""),
             "torch": env.get("torch", "")}
 

@@ -17,6 +17,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from pipeline.errors import KilnError
+
 # Note: no -ffast-math: kiln must give eager's NaN and infinity behaviour. -fno-trapping-math
 # changes no result (kiln never unmasks FP exceptions); without it GCC will not if-convert the
 # selects of kiln::exp and friends, and a loop that calls them stays scalar. The x86-64 level
@@ -42,8 +44,10 @@ def cxx() -> str:
     found = find_cxx()
     if found is None:
         wanted = os.environ.get("CXX")
-        raise RuntimeError(f"the C++ compiler $CXX={wanted} is not found" if wanted
-                           else "no C++ compiler (g++ or c++) on PATH")
+        if wanted:
+            raise KilnError(f"the C++ compiler $CXX={wanted} is not found",
+                            "set CXX to one compiler, a name on PATH or a path (or unset it for g++)")
+        raise KilnError("no C++ compiler (g++ or c++) on PATH", "install g++, or set CXX to a C++ compiler")
     return found
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline import toolchain
 from pipeline.envfacts import env_fact, gpu_visible
+from pipeline.errors import KilnError
 from tasks.codegen.cpp_build import build_shared, compiler
 
 
@@ -47,7 +48,7 @@ def test_without_cxx_the_fact_and_the_build_take_g_plus_plus(monkeypatch: pytest
 def test_a_missing_cxx_is_named_in_the_fact_and_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CXX", "no-such-compiler-kiln")
     assert env_fact("cxx", "cpu") == "absent"
-    with pytest.raises(RuntimeError, match="no-such-compiler-kiln"):
+    with pytest.raises(KilnError, match="no-such-compiler-kiln"):
         compiler()
 
 

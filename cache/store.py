@@ -94,9 +94,11 @@ class Store:
         finally:
             shutil.rmtree(path, ignore_errors=True)
 
-    def commit(self, staged: Path, stage: str, key: str, meta: Mapping[str, Any]) -> Entry:
-        """Seal a staged folder as the entry for (stage, key) and move it into place."""
-        artifacts = {a.name: a for a in _scan(staged)}
+    def commit(self, staged: Path, stage: str, key: str, meta: Mapping[str, Any],
+               artifacts: Mapping[str, Artifact] | None = None) -> Entry:
+        """Seal a staged folder as the entry for (stage, key) and move it into place; `artifacts`
+        where the caller has just scanned it (scan_artifacts)."""
+        artifacts = dict(artifacts) if artifacts is not None else scan_artifacts(staged)
         record = {**meta, "stage": stage, "key": key, "artifacts": _artifact_json(artifacts)}
         (staged / META).write_text(pretty_json(record))
         for name in artifacts:
@@ -171,12 +173,11 @@ def _owner_alive(name: str) -> bool:
     return True
 
 
-def _scan(folder: Path) -> list[Artifact]:
+def scan_artifacts(folder: Path) -> dict[str, Artifact]:
+    """A staged folder's files, by name, with their digests and sizes."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != META)
-    return [
-        Artifact(p.relative_to(folder).as_posix(), digest_file(p), p.stat().st_size)
-        for p in files
-    ]
+    return {p.relative_to(folder).as_posix(): Artifact(p.relative_to(folder).as_posix(), digest_file(p),
+                                                        p.stat().st_size) for p in files}
 
 
 def _artifact_json(artifacts: Mapping[str, Artifact]) -> dict[str, Any]:

@@ -84,7 +84,8 @@ def execute_stage(
 
 def load_entry(entry: str) -> StageFn:
     module_name, fn_name = entry.split(":")
-    return cast(StageFn, getattr(importlib.import_module(module_name), fn_name))
+    module = importlib.import_module(module_name)  # codedeps: a stage's entry, in that stage's key
+    return cast(StageFn, getattr(module, fn_name))
 
 
 def peak_rss_self() -> int:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, cast
 
-from cache.hashing import digest_file, digest_json
+from cache.hashing import digest_json
 from cache.records import Records
+from cache.store import Artifact
 from pipeline.codedeps import ScanStore, code_parts
 from pipeline.config import ModelConfig
 from pipeline.envfacts import env_fact
@@ -53,7 +53,7 @@ def key_of(parts: Mapping[str, str]) -> str:
 def dynamic_keys(stage: Stage) -> DynamicKeys | None:
     if stage.keys is None:
         return None
-    module: ModuleType = importlib.import_module(stage.keys)
+    module: ModuleType = importlib.import_module(stage.keys)  # codedeps: key code, not stage code
     return cast(DynamicKeys, module)
 
 
@@ -74,11 +74,10 @@ def static_parts(
     return parts
 
 
-def output_parts(folder: Path) -> Parts:
+def output_parts(artifacts: Mapping[str, Artifact]) -> Parts:
     """`output:<file>` -> digest of each file a stage wrote: the key of a stage that is known
     only by its output (content addressing, as git names a blob)."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
-    return {f"output:{p.relative_to(folder).as_posix()}": digest_file(p)[:16] for p in files}
+    return {f"output:{name}": a.digest[:16] for name, a in sorted(artifacts.items())}
 
 
 def diff_parts(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:

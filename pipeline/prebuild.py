@@ -64,7 +64,7 @@ class Prebuilds:
                     self._start(stage, stage.prebuild)
 
     def _start(self, stage: Stage, name: str) -> None:
-        module = importlib.import_module(name)
+        module = importlib.import_module(name)  # codedeps: an item's builder; its key has its code
         if module.is_cached(self.store):
             return
         self._logs.mkdir(parents=True, exist_ok=True)

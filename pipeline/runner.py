@@ -9,13 +9,14 @@ needs. Fan-out inside a stage uses cache.items.ItemCache, one key per item.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cache.locks import key_lock
 from cache.records import Records
-from cache.store import Entry, Store
+from cache.store import Artifact, Entry, Store, scan_artifacts
 from pipeline.config import ModelConfig
 from pipeline.errors import KilnError
 from pipeline.execute import execute_stage
@@ -152,9 +153,9 @@ class Runner:
         stage, name = ref.split("/", 1)
         return self.entries[stage], name
 
-    def parts(self, stage: Stage, outputs: Path | None = None) -> Parts | None:
+    def parts(self, stage: Stage, outputs: Mapping[str, Artifact] | None = None) -> Parts | None:
         """The stage's key parts; None for a stage whose key is known only once it has run
-        (its dynamic parts say so), until `outputs`, the folder it wrote, is given."""
+        (its dynamic parts say so), until `outputs`, the files it wrote, are given."""
         digests = {}
         for ref in stage.reads:
             entry, name = self._artifact(ref)
@@ -208,6 +209,8 @@ class Runner:
         if parts is None:
             # Note: nothing to wait for or find: the key is the output's, known after the run.
             self.display.started(stage.name)
+            if not self.options.in_process:
+                self.ahead.start(self._still_to_come(stage))
             return self._execute(stage, parts, key)
         lock = self.store.root / "locks" / f"{stage.name}-{key}.lock"
         with key_lock(lock, on_wait=lambda: self.display.waiting(stage.name)):
@@ -245,11 +248,14 @@ class Runner:
                                     warm)
             seconds = time.perf_counter() - t0
             dyn = dynamic_keys(stage)
+            artifacts = None
             if dyn is not None:
                 # Note: the stage just told us what it read (its depfile); the entry is filed
-                # under the key computed from that, which is what the next build computes.
+                # under the key computed from that, which is what the next build computes. A
+                # stage keyed by its output has its files hashed once, here, for both.
                 dyn.remember(self.ctx, outcome.notes)
-                parts = self.parts(stage, outputs=folder)
+                artifacts = scan_artifacts(folder) if parts is None else None
+                parts = self.parts(stage, outputs=artifacts)
                 assert parts is not None
                 key = key_of(parts)
             meta = {
@@ -258,5 +264,5 @@ class Runner:
                 "seconds": round(seconds, 3),
                 "peak_rss": outcome.peak_rss,
             }
-            entry = self.store.commit(folder, stage.name, key, meta)
+            entry = self.store.commit(folder, stage.name, key, meta, artifacts)
         return entry, "ran", outcome.peak_rss

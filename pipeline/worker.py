@@ -60,7 +60,7 @@ def warm_main(entry: str, target: str) -> int:
     pipeline/warm.py)."""
     _die_with_parent()
     try:
-        module = importlib.import_module(entry.partition(":")[0])
+        module = importlib.import_module(entry.partition(":")[0])  # codedeps: the stage's entry
         getattr(module, "preload", lambda target: None)(target)
         imported = True
     except Exception:

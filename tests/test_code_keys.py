@@ -9,11 +9,13 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from pipeline import codedeps
+from pipeline import codedeps, codescan
+from pipeline.codescan import Scan
 from pipeline.config import PROJECT_ROOT
 from pipeline.stages import STAGES
 
@@ -29,7 +31,7 @@ def _copy_tree(dest: Path) -> Path:
 
 
 def _stage_parts(root: Path) -> dict[str, dict[str, str]]:
-    codedeps.file_digest.cache_clear()  # the scans stay: they are kept by digest
+    codedeps.forget_files()
     return {s.name: codedeps.code_parts(s.entry, root) for s in STAGES if s.entry}
 
 
@@ -128,11 +130,11 @@ def test_scans_are_kept_by_digest_between_processes(tree: Path, monkeypatch: pyt
     assert store
     codedeps.clear_memo()
     parsed: list[Path] = []
-    real = codedeps.parse_module
+    real = codescan.parse_module
 
-    def counting(path: Path, root: Path) -> codedeps.Scan:
+    def counting(path: Path, root: Path, path_imports: Mapping[str, str] | None = None) -> Scan:
         parsed.append(path)
-        return real(path, root)
+        return real(path, root, path_imports)
 
     monkeypatch.setattr(codedeps, "parse_module", counting)
     assert codedeps.code_closure("tasks.link.stage", tree, store) == first
@@ -161,30 +163,97 @@ def test_explain_names_the_kiln_file_that_changed(tmp_path: Path) -> None:
     assert "part code:cache/hashing.py changed" in trace
 
 
-def test_every_path_from_file_in_stage_code_is_followed() -> None:
-    """The scanner follows `Path(__file__)...` chains; a stage module that made such a path into
-    another one some other way (os.path.join, .glob, an f-string) would read files no key names."""
+def test_every_path_in_stage_code_is_followed() -> None:
+    """The scanner follows `Path(__file__)...` chains and imports by constant names; a stage module
+    that made a path or imported a module some other way (os.path.join, .glob, an f-string,
+    import_module(variable)) would run code or read files no key names, unless its line says
+    why not with a `# codedeps:` comment."""
     unfollowed = {}
     for stage in STAGES:
-        if stage.entry is None:
-            continue
-        for rel in codedeps.code_closure(stage.entry.partition(":")[0]):
-            if rel.endswith(".py"):
-                lines = codedeps.parse_module(PROJECT_ROOT / rel, PROJECT_ROOT).unfollowed
-                if lines:
-                    unfollowed[rel] = lines
+        if stage.entry is not None:
+            unfollowed.update(codedeps.closure_of(stage.entry.partition(":")[0]).unfollowed)
+    unfollowed.update(codedeps.closure_of(codedeps.STAGE_HOST).unfollowed)
     assert unfollowed == {}
 
 
-def test_the_scanner_flags_what_it_does_not_follow(tmp_path: Path) -> None:
-    module = tmp_path / "mod.py"
-    module.write_text("import os\nfrom pathlib import Path\nHERE = Path(__file__).parent\n"
-                      "DATA = HERE / 'data' / 'x.json'\n"
-                      "OTHER = os.path.join(os.path.dirname(__file__), 'y.json')\n"
-                      "ALL = sorted(HERE.glob('*.txt'))\n")
-    scan = codedeps.parse_module(module, tmp_path)
-    assert "data/x.json" in scan.reads
-    assert scan.unfollowed == (5, 6)
+def _scan_tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    codedeps.clear_memo()
+    return tmp_path.resolve()
+
+
+MOD = """import os
+from pathlib import Path
+HERE: Path = Path(__file__).parent
+DATA = HERE / 'data' / 'x.json'
+OTHER = os.path.join(os.path.dirname(__file__), 'y.json')
+ALL = sorted(HERE.glob('*.txt'))
+def f():
+    here = Path(__file__).parent / 'assets'
+    return here
+def g():
+    here = Path(__file__).parent / 'notes'
+    return here
+"""
+USER = """from pkg.mod import HERE
+from pkg import mod
+T = HERE / 'data' / 't.txt'
+U = HERE.parent
+V = mod.f()
+"""
+
+
+def test_the_scanner_follows_paths_and_flags_what_it_cannot(tmp_path: Path) -> None:
+    root = _scan_tree(tmp_path, {
+        "pkg/__init__.py": "", "pkg/mod.py": MOD, "pkg/user.py": USER,
+        "pkg/data/x.json": "{}", "pkg/data/t.txt": "", "pkg/assets/a.bin": "", "pkg/notes/n.txt": "",
+    })
+    closure = codedeps.closure_of("pkg.user", root)
+    assert {"pkg/data/x.json", "pkg/data/t.txt", "pkg/assets/a.bin", "pkg/notes/n.txt"} <= set(closure.files)
+    assert closure.unfollowed == {"pkg/mod.py": (5, 6), "pkg/user.py": (4,)}
+
+
+ENTRY = """from typing import TYPE_CHECKING
+import importlib
+from . import rel
+from pkg.star import *
+import pkg.named as n
+if TYPE_CHECKING:
+    import pkg.typing_only
+CMD = ['python', '-m', 'pkg.dashm']
+SCRIPT = f'''
+import sys
+from pkg import script
+print({1})
+'''
+def later(name):
+    return importlib.import_module(name)
+"""
+
+
+def test_the_scanner_follows_imports_in_every_form(tmp_path: Path) -> None:
+    root = _scan_tree(tmp_path, {
+        "pkg/__init__.py": "def __getattr__(name):\n    from pkg import lazy\n    return lazy\n",
+        "pkg/lazy.py": "", "pkg/rel.py": "", "pkg/star/__init__.py": "", "pkg/star/s1.py": "",
+        "pkg/dashm.py": "", "pkg/script.py": "", "pkg/named.py": "", "pkg/typing_only.py": "",
+        "pkg/entry.py": ENTRY,
+    })
+    closure = codedeps.closure_of("pkg.entry", root)
+    for rel in ("lazy", "rel", "star/s1", "dashm", "script", "named"):
+        assert f"pkg/{rel}.py" in closure.files, rel
+    assert "pkg/typing_only.py" not in closure.files
+    assert closure.unfollowed == {"pkg/entry.py": (15,)}
+
+
+def test_a_scan_depends_on_where_the_file_is(tmp_path: Path) -> None:
+    """Two copies of one module, each importing its own package's helper: each reaches its own."""
+    root = _scan_tree(tmp_path, {"p1/__init__.py": "", "p2/__init__.py": "", "p1/h.py": "", "p2/h.py": "",
+                                 "p1/m.py": "from . import h\n", "p2/m.py": "from . import h\n"})
+    assert "p1/h.py" in codedeps.code_closure("p1.m", root)
+    assert "p2/h.py" in codedeps.code_closure("p2.m", root)
+    assert "p1/h.py" not in codedeps.code_closure("p2.m", root)
 
 
 ITEM_CODE = {"tasks.autotune.cpu": "tasks/tune/cpu_tune.py", "tasks.autotune.cuda": "tasks/tune/cuda_tune.py",

@@ -90,7 +90,8 @@ def _compile_wrapper(cxx: str, wrapper: Path, out: Path, isa: str) -> None:
     try:
         # Note: compiled from its own folder by a relative name, so no absolute path reaches
         # the object and model.so is byte-identical wherever the cache lives.
-        flags = [*WRAPPER_FLAGS, *isa_flags(isa), f"-I{RUNTIME}", f"-I{torch_include()}"]
+        runtime = f"-I{RUNTIME}"  # codedeps: cpp_build's RUNTIME reads all of runtime/
+        flags = [*WRAPPER_FLAGS, *isa_flags(isa), runtime, f"-I{torch_include()}"]
         run_compiler([cxx, *flags, "-c", wrapper.name,
                       "-o", str(out)], cwd=wrapper.parent)
     except RuntimeError as err:

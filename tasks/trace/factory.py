@@ -32,7 +32,7 @@ DTYPES = {
 def import_factory(spec: str, model: str) -> Callable[..., Any]:
     module_name, attr = spec.split(":")
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)  # codedeps: the model's code (trace's depfile)
     except ModuleNotFoundError as err:
         missing = (err.name or module_name).split(".")[0]
         if module_name == err.name or module_name.startswith(f"{err.name}."):

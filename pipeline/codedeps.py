@@ -42,6 +42,14 @@ class ScanStore(Protocol):
     def set(self, namespace: str, key: str, value: Any) -> None: ...
 
 
+class ScanRecords(ScanStore, Protocol):
+    """A ScanStore that can be listed and trimmed (cache.records.Records)."""
+
+    def items(self, namespace: str) -> list[tuple[str, Any]]: ...
+
+    def delete(self, namespace: str, key: str) -> None: ...
+
+
 # Note: kiln's own code always runs on the stage's host too: the worker that imports the entry.
 STAGE_HOST = "pipeline.worker"
 
@@ -160,6 +168,15 @@ def scan_module(path: Path, root: Path, store: ScanStore | None = None,
 @functools.cache
 def _scanner_version() -> str:
     return file_digest(Path(codescan.__file__).resolve())[:16]
+
+
+def forget_scans(store: ScanRecords) -> int:
+    """Drop every scan kept in the records (gc: an old file's scans are never read again, and
+    the next compile rescans what it needs, in a fraction of a second); returns how many."""
+    found = [key for key, _ in store.items(_NAMESPACE)]
+    for key in found:
+        store.delete(_NAMESPACE, key)
+    return len(found)
 
 
 def forget_files() -> None:

@@ -12,6 +12,7 @@ from rich.console import Console
 from cache import gc as cache_gc
 from cache.store import write_atomic
 from pipeline.build import Cache, compile_model, default_cache_root
+from pipeline.codedeps import forget_scans
 from pipeline.config import ModelConfig
 from pipeline.errors import KilnError
 from pipeline.explain import explain
@@ -127,6 +128,7 @@ def cache_command(args: argparse.Namespace, console: Console) -> int:
         except ValueError as e:
             raise KilnError(str(e)) from None
         res = cache_gc.gc(cache.store, cache.records, limit)
+        forget_scans(cache.records)
         console.print(
             f"removed {res.removed} entries ({human_bytes(res.freed)}); cache now "
             f"{human_bytes(res.kept_bytes)}, of which {human_bytes(res.protected_bytes)} "

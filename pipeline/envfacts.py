@@ -33,37 +33,49 @@ def gpu_visible() -> bool:
     return (gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists()
 
 
-@functools.cache
 def gpu_name() -> str:
-    """The first visible GPU's model, from the driver's files (no CUDA import); "none" without one.
-    Tuning results depend on it: an H100's winners are not an H200's."""
-    if not gpu_visible():
-        return "none"
-    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
-        for line in info.read_text(errors="replace").splitlines():
-            if line.startswith("Model:"):
-                return line.split(":", 1)[1].strip()
-    return "nvidia"
+    """The model of the first GPU this process may use; "none" without one. Tuning results
+    depend on it: an H100's winners are not an H200's."""
+    return _first_gpu()[0] if gpu_visible() else "none"
 
 
 def default_target() -> str:
     return "cuda" if gpu_visible() else "cpu"
 
 
-@functools.cache
 def gpu_arch() -> str:
-    """The arch the cuda target's cubins are built for: the first visible GPU's compute
-    capability (nvidia-smi; tuning compiles for the GPU it runs on), or sm_90 without a GPU."""
-    if not gpu_visible():
-        return f"sm_{CROSS_ARCH}"
+    """The arch the cuda target's cubins are built for: the compute capability of the GPU that
+    gpu_name names (tuning compiles for the GPU it runs on), or sm_90 without a GPU."""
+    return _first_gpu()[1] if gpu_visible() else f"sm_{CROSS_ARCH}"
+
+
+@functools.cache
+def _first_gpu() -> tuple[str, str]:
+    """(model, arch) of the first GPU this process may use, from one nvidia-smi query, so both
+    facts name one GPU: CUDA_VISIBLE_DEVICES's first entry (an index or a UUID), else GPU 0.
+
+    Note: nvidia-smi numbers GPUs in PCI order, as CUDA does under CUDA_DEVICE_ORDER=PCI_BUS_ID
+    (the tuner maps indices the same way); without nvidia-smi the model comes from the driver's
+    files and the arch is "unknown".
+    """
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    query = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", "-i", (visible or ["0"])[0]]
+    first = (visible or ["0"])[0]
+    query = ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", first]
     try:
         out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
-        major, minor = out.strip().splitlines()[0].split(".")
+        name, cap = (field.strip() for field in out.strip().splitlines()[0].rsplit(",", 1))
+        major, minor = cap.split(".")
+        return name, f"sm_{int(major)}{int(minor)}"
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return "unknown"
-    return f"sm_{int(major)}{int(minor)}"
+        return _driver_gpu_name(), "unknown"
+
+
+def _driver_gpu_name() -> str:
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                return line.split(":", 1)[1].strip()
+    return "nvidia"
 
 
 def env_fact(name: str, target: str) -> str:

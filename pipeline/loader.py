@@ -8,6 +8,7 @@ new handle per input (deleted after the call), and outputs come back as new hand
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import tempfile
@@ -64,27 +65,42 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 def open_library(so: Path) -> ctypes.CDLL:
-    """dlopen a private copy of `so`, removed again once loaded.
+    """dlopen `so` by its content: a private copy, loaded once per content in this process.
 
     Note: the dynamic loader hands back a library already loaded under the same path, so a build
     compiled into a folder that an earlier build of this process was loaded from (two in-memory
     modules of one class, compiled in a row) would run the earlier build's code. A copy under a
-    name of its own is loaded afresh, whatever was loaded before; the mapping outlives the name.
+    name of its own is loaded afresh (the copy is removed once mapped); the same bytes loaded
+    again share that library, as one path did before.
     """
     data = so.read_bytes()
-    failure: OSError | None = None
-    for folder in (tempfile.gettempdir(), str(so.parent)):  # the second where the first is noexec
-        fd, name = tempfile.mkstemp(prefix=".kiln-", suffix=f"-{so.name}", dir=folder)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest not in _LIBRARIES:
+        _LIBRARIES[digest] = _load_copy(so, data)
+    return _LIBRARIES[digest]
+
+
+_LIBRARIES: dict[str, ctypes.CDLL] = {}
+
+
+def _load_copy(so: Path, data: bytes) -> ctypes.CDLL:
+    failures = []
+    for folder in (tempfile.gettempdir(), str(so.parent)):  # the build's folder where tmp is noexec
+        try:
+            fd, name = tempfile.mkstemp(prefix=".kiln-", suffix=f"-{so.name}", dir=folder)
+        except OSError as err:
+            failures.append(f"{folder}: {err.strerror}")
+            continue
         try:
             with os.fdopen(fd, "wb") as copy:
                 copy.write(data)
             return ctypes.CDLL(name)
         except OSError as err:
-            failure = err
+            failures.append(str(err).replace(name, str(so)))
         finally:
             os.unlink(name)
-    assert failure is not None
-    raise failure
+    raise KilnError(f"cannot load {so}: {'; '.join(failures)}",
+                    "check that the build is whole (recompile it) and that a temporary folder can hold it")
 
 
 class CompiledModel:

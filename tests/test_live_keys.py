@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pipeline import compile as kiln_compile
+from pipeline import load
 from pipeline.config import PROJECT_ROOT
 from pipeline.errors import KilnError
 from tests import live_cases
@@ -73,10 +74,12 @@ def test_an_unchanged_module_is_traced_again_and_cut_off_below(cache_dir: Path, 
     module, x = torch.nn.Sequential(shared_linear(), torch.nn.Tanh()), torch.randn(4, 16)
     for out in (tmp_path / "first", tmp_path / "second"):
         kiln_compile(module, (x,), target="cpu", cache_dir=cache_dir, out=out)
-    stages = json.loads((tmp_path / "second" / "report.json").read_text())["stages"]
-    status = {row["stage"]: row["status"] for row in stages}
+    first, second = (json.loads((tmp_path / d / "report.json").read_text())["stages"]
+                     for d in ("first", "second"))
+    status = {row["stage"]: row["status"] for row in second}
     assert status.pop("trace") == "ran"
     assert set(status.values()) == {"cutoff"}, status
+    assert [row["key"] for row in first] == [row["key"] for row in second]  # trace's too: its output's
 
 
 def test_new_weights_give_a_new_trace_and_nothing_new_below(cache_dir: Path, tmp_path: Path) -> None:
@@ -89,6 +92,13 @@ def test_new_weights_give_a_new_trace_and_nothing_new_below(cache_dir: Path, tmp
     torch.testing.assert_close(compiled(x), module(x))
     stages = json.loads((tmp_path / "b" / "report.json").read_text())["stages"]
     assert {row["stage"]: row["status"] for row in stages}["link"] == "cutoff"
+
+
+def test_a_damaged_library_is_a_clear_error_naming_the_build(tmp_path: Path) -> None:
+    (tmp_path / "model.so").write_bytes(b"not a shared library")
+    (tmp_path / "weights.safetensors").write_bytes(b"")
+    with pytest.raises(KilnError, match=f"cannot load {tmp_path / 'model.so'}"):
+        load(tmp_path)
 
 
 class Transposed(torch.nn.Module):

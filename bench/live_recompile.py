@@ -30,8 +30,9 @@ from pipeline.config import load_config
 from tasks.trace.factory import build_model, example_inputs
 config = load_config(sys.argv[1])
 fields = {name: config.job_value(name) for name in config.fields}
-module = build_model(fields, config.name, config.project_root).eval()
-args = example_inputs(fields["inputs"], fields["weights.seed"])
+device = "cuda" if sys.argv[2] == "cuda" else "cpu"
+module = build_model(fields, config.name, config.project_root).eval().to(device)
+args = tuple(a.to(device) for a in example_inputs(fields["inputs"], fields["weights.seed"]))
 start = time.perf_counter()
 compiled = compile(module, args, target=sys.argv[2], out=Path(sys.argv[3]), cache_dir=Path(sys.argv[4]))
 seconds = time.perf_counter() - start

@@ -67,12 +67,11 @@ def code_parts(entry: str, root: Path = PROJECT_ROOT, store: ScanStore | None = 
     return {f"{CODE_PART}{rel}": file_digest(root / rel)[:16] for rel in files}
 
 
-def code_digest(module: str, root: Path = PROJECT_ROOT) -> str:
-    """One digest of all the code `module` runs: for the key of a cache item a stage computes
-    inside itself (a kernel's tuning, kiln's runtime objects), which the stage's key does not
-    reach."""
-    files = closure_of(module, root).files
-    return digest_json([[rel, file_digest(root / rel)] for rel in files])
+def stage_code_digest(entry: str, root: Path = PROJECT_ROOT, scans: ScanStore | None = None) -> str:
+    """One digest of all the code a stage runs (its code parts): the key part of any cache item
+    the stage makes inside itself (a kernel's tuning, kiln's runtime objects), which the stage's
+    own key does not reach. The runner computes it and hands it to the stage in its job."""
+    return digest_json(sorted(code_parts(entry, root, scans).items()))
 
 
 def code_closure(module: str, root: Path = PROJECT_ROOT, store: ScanStore | None = None) -> tuple[str, ...]:

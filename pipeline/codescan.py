@@ -3,8 +3,9 @@ by a path from `__file__` (pipeline/codedeps.py follows these from a stage's ent
 
 What counts as an import: `import a.b.c`, `from a.b import c` (c may be a module), relative
 imports, `from a import *` (every module of package a), `importlib.import_module("a.b")` with a
-constant name, imports inside functions, Python source in a string (a `python -c` script) and
-`"-m", "a.b"` in a list (a `python -m` command). Imports under `if TYPE_CHECKING:` never run and
+constant name, imports inside functions, Python source in a string (a `python -c` script, in a
+module that starts Python or runs source: sys.executable, exec, runpy) and `"-m", "a.b"` in a
+list (a `python -m` command). Imports under `if TYPE_CHECKING:` never run and
 do not count.
 
 What counts as a read: a path built from `__file__` by `Path(x)`, `.parent`, `.parents[N]`,
@@ -115,7 +116,7 @@ def _running_nodes(tree: ast.Module, source: bytes) -> Iterator[ast.AST]:
     Note: walking statements only is ten times faster than ast.walk (imports are statements).
     """
     stack: list[ast.AST] = list(tree.body)
-    deep = any(word in source for word in (b"import_module", b"__import__", b"import ", b'"-m"', b"'-m'"))
+    deep = any(word in source for word in _DEEP)
     while stack:
         node = stack.pop()
         yield node
@@ -127,6 +128,11 @@ def _running_nodes(tree: ast.Module, source: bytes) -> Iterator[ast.AST]:
             continue
         for name in ("body", "orelse", "finalbody", "handlers", "cases"):
             stack.extend(s for s in getattr(node, name, ()) if isinstance(s, ast.AST))
+
+
+# Note: what makes an expression import: an import call, a -m command, or a script in a string,
+# which only runs where the module starts Python (sys.executable) or runs source (exec, runpy).
+_DEEP = (b"import_module", b"__import__", b'"-m"', b"'-m'", b"sys.executable", b"exec(", b"runpy")
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -185,7 +191,7 @@ def _script_imports(node: ast.Constant | ast.JoinedStr, package: list[str]) -> l
     else:
         text = "".join(v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else "0"
                        for v in node.values)
-    if "import " not in text or "\n" not in text:
+    if "import " not in text:
         return []
     try:
         tree = ast.parse(text)

@@ -49,6 +49,7 @@ def make_job(
     inputs: dict[str, str],
     folder: Path,
     store: Store,
+    code: str = "",
 ) -> StageJob:
     return StageJob(
         stage=stage.name,
@@ -60,6 +61,7 @@ def make_job(
         project_root=str(config.project_root),
         store_root=str(store.root),
         entry=stage.entry or "",
+        code=code,
         live=options.live,
     )
 
@@ -73,9 +75,10 @@ def execute_stage(
     store: Store,
     on_progress: Progress | None = None,
     warm: WarmWorker | None = None,
+    code: str = "",
 ) -> Outcome:
     """Run the stage: in this process, in `warm` (a worker started ahead of it) or in a fresh one."""
-    job = make_job(stage, config, options, inputs, folder, store)
+    job = make_job(stage, config, options, inputs, folder, store, code)
     if options.in_process or options.live is not None:
         notes = dict(load_entry(job.entry)(job))
         return Outcome(notes, peak_rss_self())

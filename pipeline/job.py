@@ -24,6 +24,9 @@ class StageJob:
     project_root: str  # the model's project (for importing its factory)
     store_root: str  # the artifact store, for per-item entries
     entry: str  # "module:function" that runs the stage
+    # A digest of all of kiln's code the stage runs (its code:* key parts): the key part of any
+    # item the stage makes inside itself (a kernel's tuning, the runtime objects).
+    code: str = ""
     # An in-memory model handed to pipeline.compile(); never serialized. Only trace reads it.
     live: Any = field(default=None, compare=False)
     # Where a stage in a worker process reports progress for the live display ("" in process).

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cache.store import Store
@@ -52,24 +53,24 @@ class Prebuilds:
         self._running: list[Running] = []
         self._logs = store.tmp / f"prebuild-logs-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # made when needed
 
-    def start(self, stages: tuple[Stage, ...]) -> None:
+    def start(self, stages: tuple[Stage, ...], code: Callable[[Stage], str]) -> None:
         """Start building what these stages (the ones this compile may still run) build ahead and
-        the store lacks; once per compile."""
+        the store lacks; once per compile. `code` gives a stage's code digest (its items' key)."""
         if self.started:
             return
         self.started = True
         for stage in stages:
             if stage.prebuild is not None:
                 with contextlib.suppress(Exception):  # an optimisation only: the stage builds it
-                    self._start(stage, stage.prebuild)
+                    self._start(stage, stage.prebuild, code(stage))
 
-    def _start(self, stage: Stage, name: str) -> None:
-        module = importlib.import_module(name)  # codedeps: an item's builder; its key has its code
-        if module.is_cached(self.store):
+    def _start(self, stage: Stage, name: str, code: str) -> None:
+        module = importlib.import_module(name)  # codedeps: an item's builder, run by its stage too
+        if module.is_cached(self.store, code):
             return
         self._logs.mkdir(parents=True, exist_ok=True)
         with (self._logs / f"{stage.name}.log").open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", name, str(self.store.root)],
+            proc = subprocess.Popen([sys.executable, "-m", name, str(self.store.root), code],
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=worker_env(), start_new_session=True)
         self._running.append(Running(stage.name, str(module.WHAT), proc))

@@ -17,6 +17,7 @@ from typing import Any
 from cache.locks import key_lock
 from cache.records import Records
 from cache.store import Artifact, Entry, Store, scan_artifacts
+from pipeline.codedeps import stage_code_digest
 from pipeline.config import ModelConfig
 from pipeline.errors import KilnError
 from pipeline.execute import execute_stage
@@ -171,6 +172,10 @@ class Runner:
             parts.update(extra)
         return parts
 
+    def code(self, stage: Stage) -> str:
+        """The digest of all the code the stage runs (what its job's items are keyed by)."""
+        return stage_code_digest(stage.entry, scans=self.records) if stage.entry else ""
+
     def probe(self, stage: Stage, *, forced: bool = False) -> tuple[Parts | None, str, Entry | None]:
         """The stage's key parts, its key and its cached entry (None if missing or forced);
         no parts and no key for a stage that must run to know its key."""
@@ -210,7 +215,7 @@ class Runner:
             # Note: nothing to wait for or find: the key is the output's, known after the run.
             self.display.started(stage.name)
             if not self.options.in_process:
-                self.ahead.start(self._still_to_come(stage))
+                self.ahead.start(self._still_to_come(stage), self.code)
             return self._execute(stage, parts, key)
         lock = self.store.root / "locks" / f"{stage.name}-{key}.lock"
         with key_lock(lock, on_wait=lambda: self.display.waiting(stage.name)):
@@ -225,7 +230,7 @@ class Runner:
             if not self.options.in_process:
                 # Note: started by the first stage that runs, not at the start: a no-op
                 # recompile starts nothing and looks up nothing (pipeline/prebuild.py).
-                self.ahead.start(self._still_to_come(stage))
+                self.ahead.start(self._still_to_come(stage), self.code)
             return self._execute(stage, parts, key)
 
     def _execute(self, stage: Stage, parts: Parts | None, key: str) -> tuple[Entry, str, int | None]:
@@ -245,7 +250,7 @@ class Runner:
                     self.warm.start(following)
                 warm = self.warm.take(stage)
             outcome = execute_stage(stage, self.config, self.options, inputs, folder, self.store, progress,
-                                    warm)
+                                    warm, self.code(stage))
             seconds = time.perf_counter() - t0
             dyn = dynamic_keys(stage)
             artifacts = None

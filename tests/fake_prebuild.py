@@ -13,7 +13,7 @@ from cache.store import Store
 WHAT = "fake item"
 
 
-def is_cached(store: Store) -> bool:
+def is_cached(store: Store, code: str) -> bool:
     return (store.root / "cached").exists()
 
 

@@ -256,25 +256,29 @@ def test_a_scan_depends_on_where_the_file_is(tmp_path: Path) -> None:
     assert "p1/h.py" not in codedeps.code_closure("p2.m", root)
 
 
-ITEM_CODE = {"tasks.autotune.cpu": "tasks/tune/cpu_tune.py", "tasks.autotune.cuda": "tasks/tune/cuda_tune.py",
-             "tasks.link.runtime": "runtime/kiln_safetensors.h"}  # module -> a file it reaches
+ITEM_CODE = {"autotune": ("tasks/tune/cpu_tune.py", "tasks/tune/cuda_tune.py", "tasks/autotune/cuda.py"),
+             "link": ("tasks/link/runtime.py", "runtime/kiln_safetensors.h")}  # stage -> files its items need
 
 
-@pytest.mark.parametrize("module", sorted(ITEM_CODE))
-def test_an_item_made_inside_a_stage_is_keyed_by_the_code_that_makes_it(tree: Path, module: str) -> None:
-    """A kernel's tuning and kiln's runtime objects are cache items of their own: an edit of the
-    tuner or of a runtime header must miss them, an edit elsewhere must not."""
-    reached = ITEM_CODE[module]
+@pytest.mark.parametrize("stage", sorted(ITEM_CODE))
+def test_the_code_digest_items_are_keyed_by_covers_the_code_that_makes_them(tree: Path, stage: str) -> None:
+    """A kernel's tuning and kiln's runtime objects are cache items of their own, keyed by the
+    stage's code digest (StageJob.code): an edit of the tuner or of a runtime header must change
+    it, an edit of a stage it does not run must not."""
+    entry = next(s.entry for s in STAGES if s.name == stage)
+    assert entry is not None
     codedeps.clear_memo()
-    before = codedeps.code_digest(module, tree)
-    for rel, changes in ((reached, True), ("tasks/lower/stage.py", False)):
+    before = codedeps.stage_code_digest(entry, tree)
+    for rel, changes in [*((r, True) for r in ITEM_CODE[stage]), ("tasks/lower/stage.py", False)]:
         path = tree / rel
         original = path.read_bytes()
         path.write_bytes(original + b"\n")
         try:
-            codedeps.clear_memo()
-            assert (codedeps.code_digest(module, tree) != before) is changes, rel
+            codedeps.forget_files()
+            assert (codedeps.stage_code_digest(entry, tree) != before) is changes, rel
         finally:
             path.write_bytes(original)
     with pytest.raises(ValueError, match="not a module"):
-        codedeps.code_digest("__main__", tree)
+        codedeps.stage_code_digest("__main__:run", tree)
+
+

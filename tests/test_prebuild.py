@@ -8,10 +8,12 @@ import time
 from pathlib import Path
 
 from cache.store import Store
+from pipeline.codedeps import stage_code_digest
 from pipeline.prebuild import Prebuilds
 from pipeline.stages import STAGES, Stage
 from tasks.link import runtime
 
+NO_CODE = lambda stage: ""  # noqa: E731
 FAKE = (Stage("first", "a stage with nothing ahead", entry="m:f"),
         Stage("second", "a stage with an item ahead", entry="m:f", prebuild="tests.fake_prebuild"))
 
@@ -36,7 +38,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_build_still_running_when_the_compile_ends_is_killed_with_its_children(tmp_path: Path) -> None:
     ahead = Prebuilds(Store(tmp_path))
-    ahead.start(FAKE)
+    ahead.start(FAKE, NO_CODE)
     child = int(_wait_for(tmp_path / "child.pid"))
     staging = tmp_path / "tmp" / f"link.items-0123456789abcdef-{ahead._running[0].proc.pid}-00000000"
     staging.mkdir(parents=True)  # what a killed build leaves: the store's cleanup does not run
@@ -54,7 +56,7 @@ def test_a_finished_build_is_named_in_its_stage_row_and_a_failed_one_is_not(tmp_
     for status, note in (("0", "fake item built ahead"), ("3", ""), ("1", "")):  # built, found, failed
         (tmp_path / "status").write_text(status)
         ahead = Prebuilds(Store(tmp_path))
-        ahead.start(FAKE)
+        ahead.start(FAKE, NO_CODE)
         ahead._running[0].proc.wait(timeout=120)
         assert ahead.note("second") == note
         assert ahead.note("first") == ""
@@ -64,24 +66,27 @@ def test_a_finished_build_is_named_in_its_stage_row_and_a_failed_one_is_not(tmp_
 def test_nothing_starts_for_an_item_already_cached_or_twice(tmp_path: Path) -> None:
     (tmp_path / "cached").touch()
     ahead = Prebuilds(Store(tmp_path))
-    ahead.start(FAKE)
+    ahead.start(FAKE, NO_CODE)
     assert not ahead._running
     (tmp_path / "cached").unlink()
-    ahead.start(FAKE)  # once per compile
+    ahead.start(FAKE, NO_CODE)  # once per compile
     assert not ahead._running
 
 
 def test_the_runtime_is_built_ahead_once_and_link_finds_it(tmp_path: Path) -> None:
     store = Store(tmp_path)
     link = next(stage for stage in STAGES if stage.name == "link")
-    assert not runtime.is_cached(store)
+    assert link.entry is not None
+    code = stage_code_digest(link.entry)
+    assert not runtime.is_cached(store, code)
     ahead = Prebuilds(store)
-    ahead.start((link,))
+    ahead.start((link,), lambda stage: code)
     ahead._running[0].proc.wait(timeout=300)
     assert ahead.note("link") == "runtime built ahead"
     ahead.close()
-    assert runtime.is_cached(store)
+    assert runtime.is_cached(store, code)
+    assert not runtime.is_cached(store, "another version of kiln's code")
     again = Prebuilds(store)
-    again.start((link,))
+    again.start((link,), lambda stage: code)
     assert not again._running
     assert not os.listdir(tmp_path / "tmp")

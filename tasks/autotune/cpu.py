@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import digest_file, digest_json, pretty_json
-from pipeline.codedeps import code_digest
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
 from pipeline.toolchain import cxx
@@ -37,7 +36,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     # `cxx` key fact names.
     compiler = [cxx(), *spec["compiler"][1:]]
     items = job.items()
-    tuner = code_digest("tasks.autotune.cpu")  # this module's code, the tuner's, and all they import
+    tuner = job.code  # all the code the stage runs: this module's, the tuner's, what they import
     records: dict[str, Any] = {}
     hits = 0
     used: list[str] = []

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import digest_file, digest_json, pretty_json
-from pipeline.codedeps import code_digest
 from pipeline.errors import KilnError
 from pipeline.job import StageJob
 from tasks.autotune.coverage import coverage, coverage_text, with_places
@@ -39,7 +38,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     spec = json.loads(kernels_json.read_text())
     folder = kernels_json.parent / spec["folder"]
     gpu = job.env.get("gpu", "none")
-    tuner = code_digest("tasks.autotune.cuda")  # this module's code, the tuner's, and all they import
+    tuner = job.code  # all the code the stage runs: this module's, the tuner's, what they import
     items = job.items()
     parts = {e["key"]: _item_parts(e, folder, spec["arch"], job.env, tuner) for e in spec["kernels"]}
     missing = [e for e in spec["kernels"] if items.lookup(parts[e["key"]]) is None]

@@ -1,7 +1,7 @@
 """kiln's runtime objects: a cache item of the link stage, keyed by the runtime's sources, the
 compiler and torch, so it is built once per machine, not once per model.
 
-Usage: python -m tasks.link.runtime STORE_ROOT
+Usage: python -m tasks.link.runtime STORE_ROOT CODE  (CODE: the link stage's code digest)
 Builds the item if the store lacks it; exits 0 if it built it, 3 if it found it built.
 
 Note: the item depends on no model, so it need not wait for link. On a cold cache the runner
@@ -22,7 +22,6 @@ from typing import Any
 from cache.hashing import digest_json
 from cache.items import ItemCache
 from cache.store import Entry, Store
-from pipeline.codedeps import code_digest
 from pipeline.envfacts import env_fact
 from pipeline.toolchain import RUNTIME_FLAGS
 from tasks.codegen.cpp_build import RUNTIME, compiler, run_compiler, torch_include
@@ -32,11 +31,12 @@ WHAT = "runtime"  # what pipeline/prebuild.py says it built ahead
 UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp")
 
 
-def runtime_parts(cxx: str, env: Mapping[str, str]) -> dict[str, str]:
-    """The item's key parts; env holds the "cxx" and "torch" facts (pipeline.envfacts)."""
-    # Note: the code that builds the item, and every file of runtime/ (it compiles with -I
-    # runtime/, so any header there may be read): pipeline.codedeps finds both, from this module.
-    return {"code": code_digest("tasks.link.runtime"),
+def runtime_parts(cxx: str, env: Mapping[str, str], code: str) -> dict[str, str]:
+    """The item's key parts; env holds the "cxx" and "torch" facts (pipeline.envfacts), code the
+    link stage's code digest."""
+    # Note: all the code link runs, which holds this module and every file of runtime/ (it
+    # compiles with -I runtime/, so any header there may be read): pipeline.codedeps finds both.
+    return {"code": code,
             "flags": digest_json([Path(cxx).name, *RUNTIME_FLAGS]), "cxx": env.get("cxx", ""),
             "torch": env.get("torch", "")}
 
@@ -46,7 +46,8 @@ def machine_env() -> dict[str, str]:
     return {fact: env_fact(fact, "cpu") for fact in ("cxx", "torch")}
 
 
-def runtime_objects(items: ItemCache, cxx: str, env: Mapping[str, str]) -> tuple[list[Path], Entry, bool]:
+def runtime_objects(items: ItemCache, cxx: str, env: Mapping[str, str],
+                    code: str) -> tuple[list[Path], Entry, bool]:
     """The runtime's objects, their item and whether it was cached; built here if missing."""
 
     def compile_unit(unit: str, out: Path) -> None:
@@ -61,19 +62,19 @@ def runtime_objects(items: ItemCache, cxx: str, env: Mapping[str, str]) -> tuple
                 done.result()
         return {}
 
-    item, hit = items.get_or_compute(runtime_parts(cxx, env), compute)
+    item, hit = items.get_or_compute(runtime_parts(cxx, env, code), compute)
     return [item.file(unit.replace(".cpp", ".o")) for unit in UNITS], item, hit
 
 
-def is_cached(store: Store) -> bool:
-    return ItemCache(store, STAGE).lookup(runtime_parts(compiler(), machine_env())) is not None
+def is_cached(store: Store, code: str) -> bool:
+    return ItemCache(store, STAGE).lookup(runtime_parts(compiler(), machine_env(), code)) is not None
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    _, _, hit = runtime_objects(ItemCache(Store(Path(argv[0])), STAGE), compiler(), machine_env())
+    _, _, hit = runtime_objects(ItemCache(Store(Path(argv[0])), STAGE), compiler(), machine_env(), argv[1])
     return 3 if hit else 0
 
 

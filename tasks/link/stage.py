@@ -47,7 +47,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
             objects = [tuning.parent / "objects" / f"{key[:16]}.o" for key in keys]
         wrapper_o = Path(tmp) / "wrapper.o"
         with ThreadPoolExecutor(max_workers=2) as pool:
-            runtime = pool.submit(runtime_objects, job.items(), cxx, job.env)
+            runtime = pool.submit(runtime_objects, job.items(), cxx, job.env, job.code)
             compiled = pool.submit(_compile_wrapper, cxx, wrapper, wrapper_o, job.env["isa"])
             compiled.result()
             runtime_os, item, hit = runtime.result()

@@ -53,9 +53,8 @@ def digest_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def digest_tree(root: Path, suffixes: tuple[str, ...] | None = (".py",)) -> str:
-    """Digest of every file under root with one of the suffixes (None: every file), by relative
-    path and content."""
-    files = sorted(p for p in root.rglob("*") if p.is_file() and (suffixes is None or p.suffix in suffixes))
+def digest_tree(root: Path, suffixes: tuple[str, ...] = (".py",)) -> str:
+    """Digest of every file under root with one of the suffixes, by relative path and content."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in suffixes)
     listing = [[p.relative_to(root).as_posix(), digest_file(p)] for p in files]
     return digest_json(listing)

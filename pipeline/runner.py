@@ -213,10 +213,7 @@ class Runner:
     ) -> tuple[Entry, str, int | None]:
         if parts is None:
             # Note: nothing to wait for or find: the key is the output's, known after the run.
-            self.display.started(stage.name)
-            if not self.options.in_process:
-                self.ahead.start(self._still_to_come(stage), self.code)
-            return self._execute(stage, parts, key)
+            return self._start_and_execute(stage, parts, key)
         lock = self.store.root / "locks" / f"{stage.name}-{key}.lock"
         with key_lock(lock, on_wait=lambda: self.display.waiting(stage.name)):
             if not forced:
@@ -226,12 +223,16 @@ class Runner:
                 parts, key, entry = self.probe(stage)
                 if entry is not None:
                     return entry, "hit", None
-            self.display.started(stage.name)
-            if not self.options.in_process:
-                # Note: started by the first stage that runs, not at the start: a no-op
-                # recompile starts nothing and looks up nothing (pipeline/prebuild.py).
-                self.ahead.start(self._still_to_come(stage), self.code)
-            return self._execute(stage, parts, key)
+            return self._start_and_execute(stage, parts, key)
+
+    def _start_and_execute(self, stage: Stage, parts: Parts | None,
+                           key: str) -> tuple[Entry, str, int | None]:
+        self.display.started(stage.name)
+        if not self.options.in_process:
+            # Note: started by the first stage that runs, not at the start: a no-op recompile
+            # starts nothing and looks up nothing (pipeline/prebuild.py).
+            self.ahead.start(self._still_to_come(stage), self.code)
+        return self._execute(stage, parts, key)
 
     def _execute(self, stage: Stage, parts: Parts | None, key: str) -> tuple[Entry, str, int | None]:
         inputs = {}

@@ -1,16 +1,23 @@
 """`kiln cache info | clear | gc`: what the cache holds, and trimming it to a size.
 
 gc keeps what the most recent builds use: every entry used by the latest compile of each
-model is protected; the rest go least-recently-used first until the cache fits.
+model is protected (unless asked to trim below them); the rest go least-recently-used first
+until the cache fits. Neither gc nor clear ever deletes what a running compile holds
+(cache/leases.py).
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache.leases import read_leases, store_mutex
+from cache.locks import remove_orphan_locks
 from cache.records import Records
 from cache.store import Store, entry_size
 
@@ -37,15 +44,64 @@ class CacheInfo:
 def info(store: Store, records: Records) -> CacheInfo:
     per_stage: dict[str, tuple[int, int]] = {}
     for stage, _key, path in store.entries():
-        count, size = per_stage.get(stage, (0, 0))
-        per_stage[stage] = (count + 1, size + entry_size(path))
+        try:
+            size = entry_size(path)
+        except FileNotFoundError:  # removed by a gc meanwhile
+            continue
+        count, total = per_stage.get(stage, (0, 0))
+        per_stage[stage] = (count + 1, total + size)
     return CacheInfo(per_stage, records.volume())
 
 
-def clear(root: Path, records: Records) -> None:
-    records.clear()
-    for sub in ("store",):
-        shutil.rmtree(root / sub, ignore_errors=True)
+class CacheBusy(Exception):
+    """clear was asked not to wait, and compiles are running."""
+
+    def __init__(self, owners: tuple[int, ...]) -> None:
+        super().__init__(f"{len(owners)} compile(s) running (pid {', '.join(map(str, owners))})")
+        self.owners = owners
+
+
+def clear(store: Store, records: Records, on_wait: Callable[[tuple[int, ...]], None] | None = None,
+          poll: float = 0.2) -> None:
+    """Delete every entry and record once no compile is running. on_wait is told, once, who
+    runs; without it, a busy cache raises CacheBusy instead of waiting."""
+    told = False
+    while True:
+        with store_mutex(store.root):
+            live = read_leases(store.root)
+            if not live.owners:
+                doomed = _move_store_aside(store)
+                records.clear()
+                break
+        if on_wait is None:
+            raise CacheBusy(live.owners)
+        if not told:
+            on_wait(live.owners)
+            told = True
+        time.sleep(poll)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    remove_damaged_records(records.root)
+
+
+def _move_store_aside(store: Store) -> list[Path]:
+    """Rename the store's folders out of the way (leases/ stays: it holds the mutex)."""
+    doomed = []
+    for sub in ("objects", "tmp", "locks"):
+        path = store.root / sub
+        aside = store.root / f".cleared-{sub}-{uuid.uuid4().hex[:8]}"
+        try:
+            path.rename(aside)
+        except FileNotFoundError:
+            continue
+        doomed.append(aside)
+    return doomed
+
+
+def remove_damaged_records(root: Path) -> None:
+    """Damaged records databases moved aside (cache/records.py) are garbage."""
+    for path in root.parent.glob(f"{root.name}.damaged-*"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -53,26 +109,59 @@ class GcResult:
     removed: int
     freed: int
     kept_bytes: int
-    protected_bytes: int
+    protected_bytes: int  # what the latest builds use (not counting what was trimmed of it)
+    leased_bytes: int  # what running compiles hold
+    locks_removed: int
 
 
-def gc(store: Store, records: Records, max_size: int) -> GcResult:
+def gc(store: Store, records: Records, max_size: int, include_latest: bool = False) -> GcResult:
+    """Trim the store to max_size: entries no latest build uses, least recently used first, then
+    (with include_latest) the latest builds' own. Never what a running compile holds."""
     store.clean_tmp()
-    protected = {e for _, b in records.items("build") for e in b.get("entries", [])}
+    for path in store.root.glob(".cleared-*"):
+        shutil.rmtree(path, ignore_errors=True)
+    remove_damaged_records(records.root)
+    latest = {e for _, b in records.items("build") for e in b.get("entries", [])}
     last_use = dict(records.items("use"))
-    sized = [(f"{s}/{k}", entry_size(p)) for s, k, p in store.entries()]
-    total = sum(size for _, size in sized)
-    candidates = sorted(
-        (item for item in sized if item[0] not in protected),
-        key=lambda item: float(last_use.get(item[0], 0.0)),
-    )
-    removed = freed = 0
-    for name, size in candidates:
-        if total - freed <= max_size:
-            break
-        stage, key = name.split("/", 1)
-        store.remove(stage, key)
+    sized = dict(_sizes(store))
+    total = sum(sized.values())
+
+    def lru(names: list[str]) -> list[str]:
+        return sorted(names, key=lambda name: float(last_use.get(name, 0.0)))
+
+    order = lru([n for n in sized if n not in latest])
+    if include_latest:
+        order += lru([n for n in sized if n in latest])
+    freed, removed, doomed = 0, [], list[Path]()
+    with store_mutex(store.root):
+        live = read_leases(store.root)
+        for name in order:
+            if total - freed <= max_size:
+                break
+            if name in live.held:
+                continue
+            stage, key = name.split("/", 1)
+            moved = store.move_out(stage, key)
+            if moved is not None:
+                doomed.append(moved)
+                removed.append(name)
+                freed += sized[name]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    for name in removed:
         records.delete("use", name)
-        removed, freed = removed + 1, freed + size
-    protected_bytes = sum(size for name, size in sized if name in protected)
-    return GcResult(removed, freed, total - freed, protected_bytes)
+    locks = remove_orphan_locks(store.root / "locks")
+    gone = set(removed)
+    return GcResult(len(removed), freed, total - freed,
+                    sum(size for name, size in sized.items() if name in latest and name not in gone),
+                    sum(size for name, size in sized.items() if name in live.held), locks)
+
+
+def _sizes(store: Store) -> list[tuple[str, int]]:
+    found = []
+    for stage, key, path in store.entries():
+        try:
+            found.append((f"{stage}/{key}", entry_size(path)))
+        except FileNotFoundError:
+            continue
+    return found

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import digest_file, pretty_json
+from cache.leases import Lease
 
 META = "meta.json"
 _STAMPS = ".verified.json"
@@ -60,17 +61,24 @@ Warn = Callable[[str], None]
 
 
 class Store:
-    def __init__(self, root: Path, warn: Warn | None = None) -> None:
+    def __init__(self, root: Path, warn: Warn | None = None, lease: Lease | None = None) -> None:
         self.root = root
         self.objects = root / "objects"
         self.tmp = root / "tmp"
         self.warn: Warn = warn or (lambda _msg: None)
+        self.lease = lease  # a running compile's hold on what it reads and writes (cache/leases.py)
+
+    def hold(self, stage: str, key: str) -> None:
+        """Lease (stage, key) to this compile, so gc and clear leave it alone."""
+        if self.lease is not None:
+            self.lease.hold(f"{stage}/{key}")
 
     def entry_path(self, stage: str, key: str) -> Path:
         return self.objects / stage / key
 
     def lookup(self, stage: str, key: str) -> Entry | None:
         """The entry for (stage, key), verified; None if missing or corrupt (which is removed)."""
+        self.hold(stage, key)
         path = self.entry_path(stage, key)
         if not path.is_dir():
             return None
@@ -105,6 +113,7 @@ class Store:
             _make_read_only(staged / name)
         final = self.entry_path(stage, key)
         final.parent.mkdir(parents=True, exist_ok=True)
+        self.hold(stage, key)
         try:
             os.rename(staged, final)
         except OSError:
@@ -120,20 +129,24 @@ class Store:
 
     def remove(self, stage: str, key: str) -> None:
         """Remove an entry atomically: rename it out of objects/ first, then delete it."""
-        path = self.entry_path(stage, key)
+        doomed = self.move_out(stage, key)
+        if doomed is not None:
+            shutil.rmtree(doomed, ignore_errors=True)
+
+    def move_out(self, stage: str, key: str) -> Path | None:
+        """Rename an entry out of objects/ into tmp/ (where clean_tmp finds it should the caller
+        die before deleting it); returns where it went, or None if it was not there."""
         self.tmp.mkdir(parents=True, exist_ok=True)
         doomed = self.tmp / f"removed-{stage}-{key[:16]}-{uuid.uuid4().hex[:8]}"
         try:
-            os.rename(path, doomed)
+            os.rename(self.entry_path(stage, key), doomed)
         except FileNotFoundError:
-            return
-        shutil.rmtree(doomed, ignore_errors=True)
+            return None
+        return doomed
 
     def entries(self) -> Iterator[tuple[str, str, Path]]:
-        if not self.objects.is_dir():
-            return
-        for stage_dir in sorted(self.objects.iterdir()):
-            for path in sorted(stage_dir.iterdir()):
+        for stage_dir in _listing(self.objects):
+            for path in _listing(stage_dir):
                 yield stage_dir.name, path.name, path
 
     def clean_tmp(self) -> int:
@@ -153,6 +166,14 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def _listing(folder: Path) -> list[Path]:
+    """A folder's entries, sorted; none if it is gone (a clear or gc beside us)."""
+    try:
+        return sorted(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def entry_size(path: Path) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from pipeline.config import load_config
 from pipeline.envfacts import TARGETS, default_target
@@ -46,9 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     cache = sub.add_parser("cache", help="inspect or trim the cache")
     csub = cache.add_subparsers(dest="cache_command", required=True)
     csub.add_parser("info", help="entries and bytes per stage")
-    csub.add_parser("clear", help="delete everything in the cache")
+    cl = csub.add_parser("clear", help="delete everything in the cache (waits for running compiles)")
+    cl.add_argument("--no-wait", action="store_true", help="refuse, rather than wait, while compiles run")
     g = csub.add_parser("gc", help="trim to a size, keeping what the latest builds use")
     g.add_argument("--max-size", required=True, help="e.g. 500M, 2G")
+    g.add_argument("--include-latest", action="store_true",
+                   help="also trim what the latest builds use (never what running compiles hold)")
     return p
 
 
@@ -96,9 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except KilnError as err:
-        _err.print(f"[bold red]kiln: error:[/] {err.message}")
+        # Note: messages quote TOML tables ([model], [[inputs]]) and paths, which rich would read
+        # as markup and drop: escape what the user wrote, keep kiln's own styling.
+        _err.print(f"[bold red]kiln: error:[/] {escape(err.message)}")
         if err.hint:
-            _err.print(f"  [dim]hint:[/] {err.hint}")
+            _err.print(f"  [dim]hint:[/] {escape(err.hint)}")
         if args.debug and err.detail:
             _err.print(err.detail, markup=False)
         if args.debug:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from cache import gc as cache_gc
 from cache.store import write_atomic
@@ -49,6 +50,20 @@ def compile_command(
     return 0
 
 
+def _clear(cache: Cache, no_wait: bool, console: Console) -> None:
+    def waiting(owners: tuple[int, ...]) -> None:
+        pids = ", ".join(map(str, owners))
+        console.print(f"waiting for {len(owners)} running compile(s) to finish (pid {pids}); "
+                      "Ctrl-C leaves the cache as it is")
+
+    try:
+        cache_gc.clear(cache.store, cache.records, None if no_wait else waiting)
+    except cache_gc.CacheBusy as busy:
+        raise KilnError(f"cannot clear {cache.root}: {busy}",
+                        "wait for them to finish, or run kiln cache clear without --no-wait") from None
+    console.print(f"cleared {escape(str(cache.root))}")
+
+
 def report_command(out: Path, console: Console) -> int:
     try:
         report = read_report(out)
@@ -62,7 +77,7 @@ def run_command(config: ModelConfig, out: Path, repeat: int, console: Console) -
     from pipeline.run_model import run_build
 
     result = run_build(config, out, repeat)
-    console.print(f"{config.name}: {out} on random inputs ({', '.join(result.inputs)})")
+    console.print(escape(f"{config.name}: {out} on random inputs ({', '.join(result.inputs)})"))
     console.print(f"  max abs error vs eager: {result.max_error:.3g}")
     ratio = result.kiln_seconds / result.eager_seconds if result.eager_seconds else float("nan")
     kiln_ms, eager_ms = result.kiln_seconds * 1e3, result.eager_seconds * 1e3
@@ -88,8 +103,8 @@ def bench_command(args: argparse.Namespace, config: ModelConfig, target: str, ou
     bench = run_bench(options, partial=lambda so_far: _write_bench(out / "bench.json", so_far))
     _write_bench(out / "bench.json", bench)
     print_bench(bench, console)
-    console.print(f"\nwrote {out / 'bench.json'}")
-    console.print(write_chart(bench, out / "bench.png"))
+    console.print(escape(f"\nwrote {out / 'bench.json'}"))
+    console.print(escape(write_chart(bench, out / "bench.png")))
     return 0
 
 
@@ -106,7 +121,7 @@ def explain_command(
         style = _RERUN_STYLE.get(verdict.rerun, "white")
         console.print(f"[bold]{verdict.stage:16}[/] [{style}]rerun: {verdict.rerun}[/]")
         for reason in verdict.reasons:
-            console.print(f"    {reason}")
+            console.print(f"    {escape(reason)}")
     return 0
 
 
@@ -114,24 +129,25 @@ def cache_command(args: argparse.Namespace, console: Console) -> int:
     cache = _cache(args)
     if args.cache_command == "info":
         found = cache_gc.info(cache.store, cache.records)
-        console.print(f"cache: {cache.root}")
+        console.print(f"cache: {escape(str(cache.root))}")
         for stage, (count, size) in sorted(found.entries.items()):
             console.print(f"  {stage:24} {count:5} entries  {human_bytes(size):>10}")
         console.print(f"  {'records':24} {'':5}          {human_bytes(found.records_bytes):>10}")
         console.print(f"  total {human_bytes(found.total)}")
     elif args.cache_command == "clear":
-        cache_gc.clear(cache.root, cache.records)
-        console.print(f"cleared {cache.root}")
+        _clear(cache, args.no_wait, console)
     else:
         try:
             limit = cache_gc.parse_size(args.max_size)
         except ValueError as e:
             raise KilnError(str(e)) from None
-        res = cache_gc.gc(cache.store, cache.records, limit)
+        res = cache_gc.gc(cache.store, cache.records, limit, include_latest=args.include_latest)
         forget_scans(cache.records)
         console.print(
-            f"removed {res.removed} entries ({human_bytes(res.freed)}); cache now "
-            f"{human_bytes(res.kept_bytes)}, of which {human_bytes(res.protected_bytes)} "
-            "is used by the latest builds"
+            f"removed {res.removed} entries ({human_bytes(res.freed)}) and {res.locks_removed} unused lock "
+            f"files; cache now {human_bytes(res.kept_bytes)}, of which {human_bytes(res.protected_bytes)} "
+            f"is used by the latest builds and {human_bytes(res.leased_bytes)} held by running compiles"
         )
+        if res.kept_bytes > limit and not args.include_latest:
+            console.print("  to trim below what the latest builds use: kiln cache gc --include-latest")
     return 0

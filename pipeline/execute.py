@@ -40,6 +40,7 @@ StageFn = Callable[[StageJob], Mapping[str, Any]]
 class Outcome:
     notes: dict[str, Any]
     peak_rss: int | None
+    warnings: tuple[str, ...] = ()
 
 
 def make_job(
@@ -63,6 +64,7 @@ def make_job(
         entry=stage.entry or "",
         code=code,
         live=options.live,
+        lease=str(store.lease.path) if store.lease is not None else "",
     )
 
 
@@ -81,7 +83,7 @@ def execute_stage(
     job = make_job(stage, config, options, inputs, folder, store, code)
     if options.in_process or options.live is not None:
         notes = dict(load_entry(job.entry)(job))
-        return Outcome(notes, peak_rss_self())
+        return Outcome(notes, peak_rss_self(), tuple(job.warnings))
     return _in_worker(stage, job, folder, on_progress, warm)
 
 
@@ -170,4 +172,4 @@ def _read_result(stage: Stage, control: Path, log_file: Path) -> Outcome:
     if not result["ok"]:
         err = result["error"]
         raise KilnError(err["message"], err.get("hint", "")).with_detail(err.get("detail", ""))
-    return Outcome(result["notes"], result["peak_rss"])
+    return Outcome(result["notes"], result["peak_rss"], tuple(result.get("warnings", ())))

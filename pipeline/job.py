@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.items import ItemCache
+from cache.leases import Lease
 from cache.store import Store
 
 
@@ -31,6 +32,10 @@ class StageJob:
     live: Any = field(default=None, compare=False)
     # Where a stage in a worker process reports progress for the live display ("" in process).
     progress_file: str = field(default="", compare=False)
+    # The running compile's lease (cache/leases.py): the items the stage reads and writes join it.
+    lease: str = field(default="", compare=False)
+    # What the stage's item cache warned about (a corrupt item recomputed), for the runner to show.
+    warnings: list[str] = field(default_factory=list, compare=False)
 
     def input(self, ref: str) -> Path:
         return Path(self.inputs[ref])
@@ -41,7 +46,8 @@ class StageJob:
 
     def items(self) -> ItemCache:
         """Per-item cache for fan-out work inside the stage (one entry per kernel, say)."""
-        return ItemCache(Store(Path(self.store_root)), self.stage)
+        lease = Lease.join(self.lease) if self.lease else None
+        return ItemCache(Store(Path(self.store_root), warn=self.warnings.append, lease=lease), self.stage)
 
     def progress(self, done: int, total: int, what: str) -> None:
         """Tell the live display how far a long stage is ("12/40 kernels tuned"); never an input,

@@ -18,12 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import KilnError
+from pipeline.integrity import (
+    MODEL_SO,
+    WEIGHTS,
+    BuildManifest,
+    check_sha256,
+    check_size,
+    check_weights_header,
+    read_manifest,
+)
 
-MODEL_SO = "model.so"
-WEIGHTS = "weights.safetensors"
-MODEL_JSON = "model.json"
-ABI_VERSION = 1  # KILN_ABI_VERSION in runtime/kiln_model.h
+ABI_VERSION = 2  # KILN_ABI_VERSION in runtime/kiln_model.h
 _BAD_ARGUMENT, _BAD_WEIGHTS = 1, 2
+_CREATE_NO_VERIFY = 1  # KILN_CREATE_NO_VERIFY
 
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
@@ -49,7 +56,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     size, model = ctypes.c_size_t, ctypes.c_void_p
     lib.kiln_abi_version.restype = ctypes.c_int
     lib.kiln_last_error.restype = ctypes.c_char_p
-    lib.kiln_model_create.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.kiln_model_create_with.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p)]
     lib.kiln_model_destroy.argtypes = [model]
     lib.kiln_model_run.argtypes = [model, ctypes.c_void_p, size, ctypes.c_void_p, size]
     for side in ("input", "output"):
@@ -64,8 +71,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.aoti_torch_delete_tensor_object.argtypes = [ctypes.c_void_p]
 
 
-def open_library(so: Path) -> ctypes.CDLL:
-    """dlopen `so` by its content: a private copy, loaded once per content in this process.
+def open_library(so: Path, manifest: BuildManifest | None = None, verify: bool = True) -> ctypes.CDLL:
+    """dlopen `so` by its content: a private copy, loaded once per content in this process;
+    checked first against the build's manifest (its size always, its digest if `verify`).
 
     Note: the dynamic loader hands back a library already loaded under the same path, so a build
     compiled into a folder that an earlier build of this process was loaded from (two in-memory
@@ -74,6 +82,10 @@ def open_library(so: Path) -> ctypes.CDLL:
     again share that library, as one path did before.
     """
     data = so.read_bytes()
+    if manifest is not None:
+        check_size(manifest, so)
+        if verify:
+            check_sha256(manifest, so, data)
     digest = hashlib.sha256(data).hexdigest()
     if digest not in _LIBRARIES:
         _LIBRARIES[digest] = _load_copy(so, data)
@@ -106,18 +118,25 @@ def _load_copy(so: Path, data: bytes) -> ctypes.CDLL:
 class CompiledModel:
     """A model.so and its weights: call it with the model's inputs, get its outputs."""
 
-    def __init__(self, build_dir: Path) -> None:
+    def __init__(self, build_dir: Path, verify: bool = True) -> None:
         import torch  # noqa: F401  (model.so needs libtorch loaded first)
 
         self.build_dir = build_dir
-        self._lib = open_library(build_dir / MODEL_SO)
+        manifest = read_manifest(build_dir)
+        check_size(manifest, build_dir / MODEL_SO)  # before mapping it: a short file faults
+        check_size(manifest, build_dir / WEIGHTS)
+        if verify:
+            check_weights_header(manifest, build_dir / WEIGHTS)
+        self._lib = open_library(build_dir / MODEL_SO, manifest, verify)
         _declare(self._lib)
         version = self._lib.kiln_abi_version()
         if version != ABI_VERSION:
             raise KilnError(f"{build_dir / MODEL_SO} has ABI version {version}; kiln loads {ABI_VERSION}",
                             "recompile the model with this version of kiln")
         handle = ctypes.c_void_p()
-        status = self._lib.kiln_model_create(str(build_dir / WEIGHTS).encode(), ctypes.byref(handle))
+        flags = 0 if verify else _CREATE_NO_VERIFY
+        weights = str(build_dir / WEIGHTS).encode()
+        status = self._lib.kiln_model_create_with(weights, flags, ctypes.byref(handle))
         if status != 0:
             hint = "use the weights file written by the same compile (kiln compile MODEL)" \
                 if status == _BAD_WEIGHTS else ""
@@ -127,7 +146,7 @@ class CompiledModel:
         self.inputs = self._infos("input")
         self.outputs = self._infos("output")
         self.target = self._lib.kiln_model_target().decode()
-        self._out_spec = _out_spec(build_dir / MODEL_JSON, len(self.outputs))
+        self._out_spec = _out_spec(manifest.data, len(self.outputs))
 
     def _error(self) -> str:
         return str(self._lib.kiln_last_error().decode(errors="replace"))
@@ -186,11 +205,9 @@ class CompiledModel:
         return f"CompiledModel({self.build_dir}, target={self.target}, inputs=({ins}))"
 
 
-def _out_spec(path: Path, outputs: int) -> Any:
+def _out_spec(model_json: dict[str, Any], outputs: int) -> Any:
     """The output structure (a pytree spec), or None for a flat tuple of outputs."""
-    if not path.is_file():
-        return None
-    spec = json.loads(path.read_text()).get("out_spec")
+    spec = model_json.get("out_spec")
     if spec is None:
         return None
     from torch.utils import _pytree
@@ -210,10 +227,12 @@ def _unflatten(flat: list[Any], spec: Any) -> Any:
     return _pytree.tree_unflatten(flat, spec)
 
 
-def load(build_dir: Path | str) -> CompiledModel:
+def load(build_dir: Path | str, *, verify: bool = True) -> CompiledModel:
+    """The build in build_dir, checked against its model.json first: the sizes of model.so and
+    the weights always, their digests unless verify=False (see pipeline/integrity.py)."""
     path = Path(build_dir)
     if not (path / MODEL_SO).is_file():
         raise KilnError(f"{path} has no {MODEL_SO}", "compile the model first: kiln compile MODEL --out DIR")
     if not (path / WEIGHTS).is_file():
         raise KilnError(f"{path} has no {WEIGHTS}", "a build folder holds model.so and its weights file")
-    return CompiledModel(path)
+    return CompiledModel(path, verify)

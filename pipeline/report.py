@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cache.hashing import pretty_json
-from cache.store import write_atomic
 from pipeline.runner import BuildResult
 
 REPORT = "report.json"
@@ -85,12 +85,10 @@ def chrome_trace(report: dict[str, Any]) -> dict[str, Any]:
     return {"traceEvents": [meta, *events], "displayTimeUnit": "ms"}
 
 
-def write_reports(result: BuildResult) -> dict[str, Any]:
+def report_files(result: BuildResult) -> dict[str, str]:
+    """The reports a build folder holds, by file name."""
     report = report_json(result)
-    result.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(result.out / REPORT, pretty_json(report))
-    write_atomic(result.out / TRACE, json.dumps(chrome_trace(report), indent=1) + "\n")
-    return report
+    return {REPORT: pretty_json(report), TRACE: json.dumps(chrome_trace(report), indent=1) + "\n"}
 
 
 def read_report(out: Path) -> dict[str, Any]:
@@ -125,7 +123,7 @@ def report_table(report: dict[str, Any]) -> Table:
             f"{row['seconds']:.2f}" if shown else "",
             human_bytes(row["bytes"]) if shown else "",
             human_bytes(row["peak_rss"]) if shown else "",
-            row["note"] or (row["key"][:12] if shown else ""),
+            escape(row["note"] or (row["key"][:12] if shown else "")),
         )
     table.caption = f"total {report['seconds']:.2f} s"
     return table
@@ -146,8 +144,8 @@ def kernel_table(rows: list[dict[str, Any]]) -> Table:
     for row in rows[:KERNEL_ROWS]:
         seconds, gain, share = row["seconds"], row["gain"], row["share"]
         origins = f" ({row['origins']})" if row.get("origins") else ""
-        places = [", ".join(row.get("places", []))] if where else []
-        table.add_row(row["kernel"] + origins, *places, str(row["launches"]), row["variant"],
+        places = [escape(", ".join(row.get("places", [])))] if where else []
+        table.add_row(escape(row["kernel"] + origins), *places, str(row["launches"]), escape(row["variant"]),
                       f"{seconds * 1e6:.1f}" if seconds is not None else "-",
                       f"{gain:.2f}x" if gain else "-", f"{share:.0%}" if share is not None else "-")
     rest = rows[KERNEL_ROWS:]
@@ -165,4 +163,4 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     if report.get("kernels"):
         console.print(kernel_table(report["kernels"]))
     for warning in report.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"[yellow]warning:[/] {escape(warning)}")

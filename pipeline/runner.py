@@ -253,6 +253,8 @@ class Runner:
             outcome = execute_stage(stage, self.config, self.options, inputs, folder, self.store, progress,
                                     warm, self.code(stage))
             seconds = time.perf_counter() - t0
+            for warning in outcome.warnings:
+                self.store.warn(warning)
             dyn = dynamic_keys(stage)
             artifacts = None
             if dyn is not None:

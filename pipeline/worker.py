@@ -41,7 +41,7 @@ def main(control: Path) -> int:
         sys.path.insert(0, job.project_root)
     try:
         notes = dict(load_entry(job.entry)(job))
-        result = {"ok": True, "notes": notes, "peak_rss": peak_rss_self()}
+        result = {"ok": True, "notes": notes, "peak_rss": peak_rss_self(), "warnings": job.warnings}
     except KilnError as err:
         result = {"ok": False, "error": {**err.to_json(), "detail": err.detail}}
     except Exception as err:

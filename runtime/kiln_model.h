@@ -48,16 +48,23 @@ enum KilnStatus {
 };
 
 /* The model's ABI version; a loader checks it before anything else. */
-#define KILN_ABI_VERSION 1
+#define KILN_ABI_VERSION 2
 int kiln_abi_version(void);
 
 /* The last error of this thread, "" when there is none. Valid until this thread's next call. */
 const char* kiln_last_error(void);
 
-/* Maps the weights file (or copies a tensor that is not aligned) and checks every entry the
- * model needs against the model: name, dtype and shape. A cuda model also loads the CUDA driver
- * and its kernels, and copies the weights to the GPU. */
+/* Maps the weights file (or copies a tensor that is not aligned), checks the whole file against
+ * the xxh3-128 digest it carries (written by kiln; see kiln_verify.h), and checks every entry the
+ * model needs against the model: name, dtype and shape. A damaged, truncated or edited file gives
+ * KILN_BAD_WEIGHTS and a message naming it. A cuda model also loads the CUDA driver and its
+ * kernels, and copies the weights to the GPU. */
 int kiln_model_create(const char* weights_path, KilnModel** model);
+
+/* kiln_model_create with flags: KILN_CREATE_NO_VERIFY skips the digest check (the file is still
+ * parsed, bounds-checked and matched against the model by name, dtype and shape). */
+#define KILN_CREATE_NO_VERIFY 1u
+int kiln_model_create_with(const char* weights_path, unsigned flags, KilnModel** model);
 void kiln_model_destroy(KilnModel* model);
 
 /* inputs: one tensor per model input, in order, with the listed shape and dtype on the CPU

@@ -14,6 +14,7 @@
 #include "kiln_cpu.h"
 #include "kiln_cuda.h"
 #include "kiln_safetensors.h"
+#include "kiln_verify.h"
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
 
 namespace kiln {
@@ -414,9 +415,10 @@ std::string shape_text(const int64_t* sizes, int ndim) {
   return s + "]";
 }
 
-void bind_weights(Context& ctx, const char* path) {
+void bind_weights(Context& ctx, const char* path, bool verify) {
   std::string why;
   if (!ctx.weights_file.open(path, &why)) throw Error(KILN_BAD_WEIGHTS, why);
+  if (verify && !(why = digest_mismatch(ctx.weights_file, path)).empty()) throw Error(KILN_BAD_WEIGHTS, why);
   for (size_t i = 0; i < program.num_weights; ++i) {
     const TensorSpec& w = program.weights[i];
     const TensorEntry* e = ctx.weights_file.find(w.name);
@@ -472,6 +474,13 @@ void allocate_memory(Context& ctx) {
   }
 }
 
+// torch's name of an aoti dtype code ("int64"); the code itself for one kiln has no DType for.
+std::string dtype_text(int32_t code) {
+  for (int d = 0; d <= static_cast<int>(DType::F64); ++d)
+    if (aoti_dtype(static_cast<DType>(d)) == code) return info(static_cast<DType>(d)).torch_name;
+  return "dtype code " + std::to_string(code);
+}
+
 // The data of a checked tensor; `role` names it in errors ("input 'x'", "output 0").
 void* checked_data(AtenTensorHandle h, const TensorSpec& spec, const std::string& role, bool any_strides,
                           const int64_t** strides_out) {
@@ -492,7 +501,7 @@ void* checked_data(AtenTensorHandle h, const TensorSpec& spec, const std::string
     throw Error(KILN_BAD_ARGUMENT, role + (on_gpu() ? " is not on the GPU; this model was compiled for the cuda target"
                                                     : " is not on the CPU; this model was compiled for the cpu target"));
   if (dtype != aoti_dtype(spec.dtype))
-    throw Error(KILN_BAD_ARGUMENT, role + " has the wrong dtype: the model needs " + info(spec.dtype).torch_name);
+    throw Error(KILN_BAD_ARGUMENT, role + " is " + dtype_text(dtype) + ", the model needs " + info(spec.dtype).torch_name);
   bool same = ndim == spec.ndim;
   for (int d = 0; same && d < spec.ndim; ++d) same = sizes[d] == spec.sizes[d];
   if (!same)
@@ -634,6 +643,10 @@ int kiln_abi_version(void) { return KILN_ABI_VERSION; }
 const char* kiln_last_error(void) { return kiln::last_error().c_str(); }
 
 int kiln_model_create(const char* weights_path, KilnModel** model) {
+  return kiln_model_create_with(weights_path, 0, model);
+}
+
+int kiln_model_create_with(const char* weights_path, unsigned flags, KilnModel** model) {
   return kiln::guarded([&] {
     if (model == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "model is NULL");
     *model = nullptr;
@@ -641,7 +654,7 @@ int kiln_model_create(const char* weights_path, KilnModel** model) {
     kiln::check_cpu();
     auto made = std::make_unique<KilnModel>();
     if (kiln::on_gpu()) made->ctx.gpu.reset(kiln::cuda::open(kiln::program));  // the driver first: its error is clearest
-    kiln::bind_weights(made->ctx, weights_path);
+    kiln::bind_weights(made->ctx, weights_path, (flags & KILN_CREATE_NO_VERIFY) == 0);
     kiln::allocate_memory(made->ctx);
     *model = made.release();
   });

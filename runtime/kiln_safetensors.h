@@ -44,6 +44,13 @@ struct TensorEntry {
   size_t nbytes = 0;           // numel * itemsize, checked against data_offsets
 };
 
+// A "__metadata__" entry: its key, its value and the file offset of the value's first byte.
+struct MetadataEntry {
+  std::string key;
+  std::string value;
+  size_t offset = 0;
+};
+
 class SafetensorsFile {
  public:
   SafetensorsFile() = default;
@@ -64,6 +71,15 @@ class SafetensorsFile {
   const TensorEntry* find(const std::string& name) const noexcept;
   // Every tensor in the file, sorted by name.
   const std::vector<TensorEntry>& entries() const noexcept { return entries_; }
+  // The "__metadata__" entry `key`, or nullptr.
+  const MetadataEntry* metadata(const std::string& key) const noexcept {
+    for (const MetadataEntry& m : metadata_)
+      if (m.key == key) return &m;
+    return nullptr;
+  }
+  // The whole file, as mapped.
+  const unsigned char* bytes() const noexcept { return static_cast<const unsigned char*>(map_); }
+  size_t size() const noexcept { return map_size_; }
 
  private:
   void close() noexcept;
@@ -74,6 +90,7 @@ class SafetensorsFile {
   void* map_ = nullptr;
   size_t map_size_ = 0;
   std::vector<TensorEntry> entries_;
+  std::vector<MetadataEntry> metadata_;
 };
 
 // Checks that `f` holds `name` with this dtype and shape. On a mismatch returns false and sets *error to,
@@ -142,9 +159,9 @@ class HeaderParser {
   // `text` is the header; `base` is its offset in the file, so that messages give file positions.
   HeaderParser(const char* text, size_t size, size_t base) : text_(text), size_(size), base_(base) {}
 
-  bool parse(std::vector<RawEntry>* out) {
+  bool parse(std::vector<RawEntry>* out, std::vector<MetadataEntry>* metadata) {
     bool ok = parse_object([&](const std::string& key, size_t) {
-      if (key == "__metadata__") return parse_metadata();
+      if (key == "__metadata__") return parse_metadata(metadata);
       out->push_back(RawEntry{key, {}, {}, {}});
       return parse_tensor(&out->back());
     });
@@ -213,10 +230,14 @@ class HeaderParser {
     }
   }
 
-  bool parse_metadata() {
-    return parse_object([&](const std::string&, size_t) {
+  bool parse_metadata(std::vector<MetadataEntry>* out) {
+    return parse_object([&](const std::string& key, size_t) {
+      skip_ws();
+      size_t offset = base_ + pos_ + 1;  // past the opening quote
       std::string value;
-      return parse_string(&value);
+      if (!parse_string(&value)) return false;
+      out->push_back(MetadataEntry{key, std::move(value), offset});
+      return true;
     });
   }
 
@@ -447,12 +468,14 @@ inline void SafetensorsFile::close() noexcept {
   map_ = nullptr;
   map_size_ = 0;
   entries_.clear();
+  metadata_.clear();
 }
 
 inline void SafetensorsFile::swap(SafetensorsFile& other) noexcept {
   std::swap(map_, other.map_);
   std::swap(map_size_, other.map_size_);
   entries_.swap(other.entries_);
+  metadata_.swap(other.metadata_);
 }
 
 inline bool SafetensorsFile::open(const std::string& path, std::string* error) noexcept {
@@ -516,7 +539,7 @@ inline bool SafetensorsFile::read_header(std::string* why) {
   const char* header = static_cast<const char*>(map_) + 8;
   detail::HeaderParser parser(header, static_cast<size_t>(header_len), 8);
   std::vector<detail::RawEntry> raw;
-  if (!parser.parse(&raw)) return detail::fail(why, parser.error());
+  if (!parser.parse(&raw, &metadata_)) return detail::fail(why, parser.error());
   const char* data = header + header_len;
   size_t data_size = rest - static_cast<size_t>(header_len);
   entries_.resize(raw.size());

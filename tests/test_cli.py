@@ -9,9 +9,15 @@ import signal
 import subprocess
 import sys
 import time
+from io import StringIO
 from pathlib import Path
 
+import pytest
+from rich.console import Console
+
+from pipeline import cli
 from pipeline.config import PROJECT_ROOT
+from pipeline.report import print_report
 from pipeline.stages import STAGES
 from tests.conftest import kiln, python_path
 
@@ -43,6 +49,33 @@ def test_malformed_toml(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "not valid TOML" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _plain_console() -> tuple[Console, StringIO]:
+    text = StringIO()
+    return Console(file=text, highlight=False, width=200), text
+
+
+@pytest.mark.parametrize(("body", "shown"), [
+    ('[model]\nfactory = "m:f"\nbogus = 1\n', "bad.toml [model]: unknown key(s) bogus"),
+    ('[model]\nfactory = "m:f"\n', "bad.toml: needs at least one [[inputs]] table"),
+])
+def test_config_error_keeps_table_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        body: str, shown: str) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(body)
+    console, text = _plain_console()
+    monkeypatch.setattr(cli, "_err", console)
+    assert cli.main(["compile", str(bad)]) == 1
+    assert f"kiln: error: {shown}" in text.getvalue()  # rich read neither as markup
+
+
+def test_report_warning_keeps_brackets() -> None:
+    console, text = _plain_console()
+    report = {"model": "m", "target": "cpu", "seconds": 0.0, "stages": [],
+              "warnings": ["[weights] checkpoint [bold]x[/bold] ignored"]}
+    print_report(report, console)
+    assert "warning: [weights] checkpoint [bold]x[/bold] ignored" in text.getvalue()
 
 
 def test_report_and_explain_after_compile(project: Path, tmp_path: Path) -> None:

@@ -16,10 +16,12 @@ from safetensors.torch import load_file, save_file
 from pipeline.build import Cache, compile_model
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.errors import KilnError
+from pipeline.integrity import weights_digest
 from pipeline.loader import ModelInputError, load
 from pipeline.run_model import eager_model, flat_tensors, random_inputs
 from pipeline.runner import BuildOptions
 from tasks.codegen.cpp_build import torch_include, torch_lib
+from tasks.trace.weights import write_weights
 from tests.conftest import kiln
 
 MODELS = ("mlp", "bert-small", "gpt2-small", "convnet", "cond", "while")
@@ -93,7 +95,8 @@ def test_bad_inputs_get_clear_errors(builds: dict[str, Path], shared_cache: Cach
         ((x.numpy(),), "input 'x' is a ndarray, not a torch.Tensor"),
         ((torch.randn(32, 65),), "input 'x' has shape \\[32, 65\\], the model needs \\[32, 64\\]"),
         ((torch.randn(32, 64, 1),), "input 'x' has shape \\[32, 64, 1\\]"),
-        ((x.double(),), "input 'x' has the wrong dtype: the model needs float32"),
+        ((x.double(),), "input 'x' is float64, the model needs float32"),
+        ((x.long(),), "input 'x' is int64, the model needs float32"),
         ((torch.empty(32, 64, device="meta"),), "input 'x' is not on the CPU"),
     ]
     for args, message in cases:
@@ -103,6 +106,16 @@ def test_bad_inputs_get_clear_errors(builds: dict[str, Path], shared_cache: Cach
     torch.testing.assert_close(compiled(x.t().contiguous().t()), compiled(x), rtol=0, atol=0)
 
 
+def _swap_weights(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write other weights into a build folder as kiln writes them, and record them in its
+    model.json, so that only model.so's own checks stand between them and the model."""
+    path = folder / "weights.safetensors"
+    write_weights(tensors, path)
+    meta = json.loads((folder / "model.json").read_text())
+    meta["files"]["weights.safetensors"].update(bytes=path.stat().st_size, xxh3_128=weights_digest(path))
+    (folder / "model.json").write_text(json.dumps(meta))
+
+
 def test_weights_that_do_not_match_fail_at_create(builds: dict[str, Path], shared_cache: Cache,
                                                   tmp_path: Path) -> None:
     mlp = _build("mlp", builds, shared_cache)
@@ -110,16 +123,25 @@ def test_weights_that_do_not_match_fail_at_create(builds: dict[str, Path], share
     shutil.copytree(mlp, broken)
     weights = load_file(str(mlp / "weights.safetensors"))
     weights["head.weight"] = weights["head.weight"].t().contiguous()
-    save_file(weights, str(broken / "weights.safetensors"))
+    _swap_weights(broken, weights)
     wrong = re.escape("'head.weight' has shape [128, 10], the model needs [10, 128]")
     with pytest.raises(KilnError, match=wrong):
         load(broken)
     del weights["norm.bias"]
-    save_file(weights, str(broken / "weights.safetensors"))
+    _swap_weights(broken, weights)
     with pytest.raises(KilnError, match=re.escape("entry 'norm.bias' is missing")):
         load(broken)
+    # A file kiln did not write (no digest of its own), recorded as if it were: model.so refuses it.
+    save_file(load_file(str(mlp / "weights.safetensors")), str(broken / "weights.safetensors"))
+    meta = json.loads((broken / "model.json").read_text())
+    meta["files"]["weights.safetensors"].update(bytes=(broken / "weights.safetensors").stat().st_size,
+                                                xxh3_128=None)
+    (broken / "model.json").write_text(json.dumps(meta))
+    with pytest.raises(KilnError, match=re.escape('carries no "kiln.xxh3_128" digest')):
+        load(broken)
+    load(broken, verify=False)  # unchecked, it is still matched by name, dtype and shape
     (broken / "weights.safetensors").write_bytes(b"not a weights file")
-    with pytest.raises(KilnError, match="cannot create the model"):
+    with pytest.raises(KilnError, match=re.escape("has 18 bytes; model.json records")):
         load(broken)
     with pytest.raises(KilnError, match=re.escape("has no model.so")):
         load(tmp_path)

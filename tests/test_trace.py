@@ -176,7 +176,7 @@ def test_export_failure_names_the_source_line(project: Path, tmp_path: Path) -> 
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(b"not a checkpoint", "cannot read checkpoint"), (None, "does not match the model")],
+    [(b"not a checkpoint", "is not a readable checkpoint"), (None, "does not match the model")],
 )
 def test_bad_checkpoint_is_a_clear_error(project: Path, tmp_path: Path, content: bytes | None,
                                          message: str) -> None:
@@ -189,6 +189,44 @@ def test_bad_checkpoint_is_a_clear_error(project: Path, tmp_path: Path, content:
     proc = kiln(["compile", str(project / "configs" / "toy.toml")], tmp_path / "c", check=False)
     assert proc.returncode == 1
     assert message in proc.stderr
+
+
+class _Opaque:
+    """Not a tensor: torch.load(weights_only=True) refuses a pickle holding one."""
+
+
+def _unreadable_checkpoints(root: Path) -> dict[str, tuple[Path, str]]:
+    """Files that are not checkpoints, and the gist of torch's (or safetensors') reason."""
+    files = {"random": (root / "random.pt", "Unsupported operand"),
+             "object": (root / "object.pt", "Unsupported global: GLOBAL tests.test_trace._Opaque"),
+             "truncated": (root / "truncated.pt", "PytorchStreamReader failed reading zip archive"),
+             "empty": (root / "empty.pt", "EOFError"),
+             "safetensors": (root / "random.safetensors", "Error while deserializing header")}
+    noise = bytes(range(256)) * 4
+    files["random"][0].write_bytes(noise)
+    files["safetensors"][0].write_bytes(noise)
+    files["empty"][0].write_bytes(b"")
+    torch.save({"w": torch.ones(2), "opaque": _Opaque()}, files["object"][0])
+    whole = root / "whole.pt"
+    torch.save({"w": torch.ones(256)}, whole)
+    files["truncated"][0].write_bytes(whole.read_bytes()[:-200])
+    return files
+
+
+@pytest.mark.parametrize("kind", ["random", "object", "truncated", "empty", "safetensors"])
+def test_unreadable_checkpoint_error_is_short(tmp_path: Path, kind: str) -> None:
+    from pipeline.errors import KilnError
+    from tasks.trace.weights import read_checkpoint
+
+    path, gist = _unreadable_checkpoints(tmp_path)[kind]
+    with pytest.raises(KilnError) as raised:
+        read_checkpoint(path, "toy")
+    message = raised.value.message
+    assert message.startswith(f"model 'toy': {path.name} is not a readable checkpoint: {gist}")
+    assert "weights_only" not in str(raised.value)  # never the advice to run the file's code
+    assert "\n" not in message
+    assert len(message) < 200
+    assert ".safetensors file or a torch.save'd state_dict" in raised.value.hint
 
 
 def test_weights_written_beside_the_decompositions_end_up_the_programs(tmp_path: Path) -> None:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
 import torch
+import xxhash
 from safetensors.torch import load_file, save_file
 
 from pipeline.errors import KilnError
@@ -23,11 +25,27 @@ def read_checkpoint(path: Path, model: str) -> dict[str, torch.Tensor]:
             return dict(load_file(str(path)))
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise KilnError(f"model {model!r}: cannot read checkpoint {path.name}: {err}",
+        raise KilnError(f"model {model!r}: {path.name} is not a readable checkpoint: {_gist(err)}",
                         "a checkpoint is a .safetensors file or a torch.save'd state_dict") from err
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise KilnError(f"model {model!r}: checkpoint {path.name} is not a state_dict of tensors")
     return state
+
+
+_GIST_CHARS = 120
+
+
+# Note: torch's weights_only refusal leads with advice to retry with weights_only=False, which runs
+# whatever code the file holds: only the unpickler's complaint after it is shown, never the advice.
+def _gist(err: Exception) -> str:
+    """The first sentence of why a checkpoint did not load, cut to _GIST_CHARS."""
+    text = str(err)
+    _, refused, complaint = text.partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in (complaint if refused else text).splitlines() if line.strip()]
+    first = lines[0].split(". ")[0].rstrip(".") if lines else ""
+    if not first or "weights_only" in first:
+        return type(err).__name__
+    return first if len(first) <= _GIST_CHARS else first[: _GIST_CHARS - 3] + "..."
 
 
 def load_checkpoint(module: torch.nn.Module, path: Path, model: str) -> None:
@@ -71,7 +89,31 @@ def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
         ptr = t.untyped_storage().data_ptr()
         out[name] = t.contiguous().clone() if ptr in seen else t.contiguous()
         seen.add(ptr)
-    save_file(out, str(path))
+    save_file(out, str(path), metadata={DIGEST_KEY: "0" * DIGEST_CHARS})
+    seal_weights(path)
+
+
+DIGEST_KEY = "kiln.xxh3_128"  # kiln_verify.h's kDigestKey
+DIGEST_CHARS = 32
+_PLACEHOLDER = re.compile(rb'"kiln\.xxh3_128"\s*:\s*"(0{32})"')
+
+
+def seal_weights(path: Path) -> str:
+    """Write the file's own digest into its placeholder: the xxh3-128 of the whole file as it
+    reads with the placeholder's 32 '0's (runtime/kiln_verify.h checks it the same way)."""
+    with open(path, "r+b") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        found = _PLACEHOLDER.search(f.read(header_len))
+        if found is None:
+            raise ValueError(f"{path}: no {DIGEST_KEY} placeholder in the header")
+        f.seek(0)
+        digest = xxhash.xxh3_128()
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+        text = digest.hexdigest()
+        f.seek(8 + found.start(1))
+        f.write(text.encode())
+    return text
 
 
 # Note: writing bert's 508 MB of weights takes seconds, mostly disk; torch.export's weights are

@@ -1,0 +1,95 @@
+"""What `load()` checks before it trusts a build folder: model.json's files section against the
+files there. Sizes are always checked (a truncated model.so would kill the process with SIGBUS
+once mapped); digests by default: model.so's sha256 here, on the bytes the loader reads anyway,
+and the weights' xxh3-128 in model.so itself (runtime/kiln_verify.h), which also serves C++.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import KilnError
+
+MODEL_SO = "model.so"
+WEIGHTS = "weights.safetensors"
+MODEL_JSON = "model.json"
+FILES = "files"  # model.json's section: published file -> {"bytes", "sha256"[, "xxh3_128"]}
+_RECOMPILE = "recompile the model (kiln compile MODEL) to write the build folder again"
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+
+
+@dataclass(frozen=True)
+class BuildManifest:
+    path: Path  # model.json
+    data: dict[str, Any]
+
+    def file(self, name: str) -> dict[str, Any]:
+        listed = self.data.get(FILES)
+        if not isinstance(listed, dict) or not isinstance(listed.get(name), dict):
+            raise KilnError(f"{self.path} lists no {name} (written by an older kiln?)", _RECOMPILE)
+        return dict(listed[name])
+
+
+def read_manifest(build_dir: Path) -> BuildManifest:
+    path = build_dir / MODEL_JSON
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise KilnError(f"{build_dir} has no {MODEL_JSON}", _RECOMPILE) from None
+    except (OSError, ValueError) as err:
+        raise KilnError(f"{path} is unreadable ({_short(err)})", _RECOMPILE) from None
+    if not isinstance(data, dict):
+        raise KilnError(f"{path} is not a kiln model description", _RECOMPILE)
+    return BuildManifest(path, data)
+
+
+def check_size(manifest: BuildManifest, path: Path) -> None:
+    expected = manifest.file(path.name).get("bytes")
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        raise KilnError(f"cannot read {path}: {err.strerror}", _RECOMPILE) from None
+    if size != expected:
+        raise KilnError(f"{path} has {size} bytes; {manifest.path.name} records {expected} "
+                        "(truncated or replaced)", _RECOMPILE)
+
+
+def check_sha256(manifest: BuildManifest, path: Path, data: bytes) -> None:
+    expected = manifest.file(path.name).get("sha256")
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise KilnError(f"{path} does not match the digest {manifest.path.name} records "
+                        "(damaged or changed after kiln wrote it)", _RECOMPILE)
+
+
+def check_weights_header(manifest: BuildManifest, path: Path) -> None:
+    """The weights file's own digest (in its header) is the one model.json records: the file is
+    the one this build wrote. Its content is checked against that digest by model.so."""
+    expected = manifest.file(path.name).get("xxh3_128")
+    if weights_digest(path) != expected:
+        raise KilnError(f"{path} is not the weights file this build wrote (its digest differs from "
+                        f"the one {manifest.path.name} records)", _RECOMPILE)
+
+
+def weights_digest(path: Path) -> str | None:
+    """The xxh3-128 a kiln weights file carries in its safetensors header, or None."""
+    try:
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if length > 1 << 30:
+                return None
+            header = json.loads(f.read(length))
+    except (OSError, ValueError):
+        return None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    value = meta.get("kiln.xxh3_128") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) and _DIGEST.fullmatch(value) else None
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return text[:120]

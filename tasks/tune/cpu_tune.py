@@ -138,10 +138,15 @@ def _time_variants(entry: dict[str, Any], built: Built, repeat: int) -> dict[str
             timings[name], errors[name] = None, "outputs differ from the default variant's"
             continue
         timings[name] = seconds
-    return _record(entry, timings, errors)
+    return decide(entry, timings, errors)
 
 
-def _record(entry: dict[str, Any], timings: dict[str, float | None],
+def labels(entry: dict[str, Any]) -> list[str]:
+    """The names decide() chooses among: the kernel's variants, the default first."""
+    return [v["name"] for v in entry["variants"]]
+
+
+def decide(entry: dict[str, Any], timings: dict[str, float | None],
             errors: dict[str, str]) -> dict[str, Any]:
     default = entry["variants"][0]["name"]
     scored = {n: (t if t is not None else math.inf) for n, t in timings.items()}

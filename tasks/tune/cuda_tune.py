@@ -133,7 +133,7 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
             timings[label], errors[label] = None, "outputs differ from the default candidate's"
             continue
         timings[label] = seconds(compiled[label], entry, variant, tensors, config)
-    record = _record(entry, timings, errors)
+    record = decide(entry, timings, errors)
     record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
                "gpu": torch.cuda.get_device_name()}
     if cubins is not None and record["label"] in compiled:
@@ -181,12 +181,17 @@ def seconds(kernel: Any, entry: dict[str, Any], variant: dict[str, Any], tensors
     return float(statistics.median(start.elapsed_time(end) / 1e3 for start, end in pairs))
 
 
-def _record(entry: dict[str, Any], timings: dict[str, float | None],
+def labels(entry: dict[str, Any]) -> list[str]:
+    """The labels decide() chooses among: each variant under each of its configs, the default first."""
+    return [label for label, _, _ in candidates(entry)]
+
+
+def decide(entry: dict[str, Any], timings: dict[str, float | None],
             errors: dict[str, str]) -> dict[str, Any]:
-    labels = [label for label, _, _ in candidates(entry)]
-    default = labels[0]
-    scored = {label: timings.get(label) or math.inf for label in labels}
-    best = min(labels, key=lambda label: (scored[label], label != default))
+    names = labels(entry)
+    default = names[0]
+    scored = {label: timings.get(label) or math.inf for label in names}
+    best = min(names, key=lambda label: (scored[label], label != default))
     _, chosen, config = next(c for c in candidates(entry) if c[0] == best)
     variant, function = chosen["name"], chosen["function"]
     gain = scored[default] / scored[best] if scored[best] not in (0, math.inf) else None

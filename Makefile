@@ -17,7 +17,7 @@ $(VENV)/.ready: pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
 
 compile: $(VENV)/.ready
-	$(PY) -m pipeline compile $(MODEL) $(TARGET_FLAG) $(KILN_FLAGS)
+	$(PY) -m kiln compile $(MODEL) $(TARGET_FLAG) $(KILN_FLAGS)
 
 # Note: the tests spread over the cores (pytest-xdist), a file's tests on one worker so each
 # file's shared fixtures (a module's compile cache) are built once: on a 2-core machine the suite
@@ -36,7 +36,7 @@ test-gpu:
 # TARGET=cuda is for the GPU machine: no environment to build there (no network), so python3 itself.
 BENCH_PY := $(if $(filter cuda,$(TARGET)),python3,$(PY))
 bench: $(if $(filter cuda,$(TARGET)),,$(VENV)/.ready)
-	$(BENCH_PY) -m pipeline bench $(MODEL) $(TARGET_FLAG) $(BENCH_FLAGS)
+	$(BENCH_PY) -m kiln bench $(MODEL) $(TARGET_FLAG) $(BENCH_FLAGS)
 
 bench-recompile: $(VENV)/.ready
 	$(PY) bench/recompile.py $(MODEL)

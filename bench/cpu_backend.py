@@ -6,7 +6,7 @@ For each model (default: mlp bert-small gpt2-small), in one run on one machine:
                a compile on a fresh inductor cache with the precompiled headers already
                built (see AOTI_RUNS), then latency of the package loaded with
                aoti_load_package;
-  kiln         cold compile (`python -m pipeline compile MODEL --target cpu`, fresh cache), a
+  kiln         cold compile (`python -m kiln compile MODEL --target cpu`, fresh cache), a
                no-op recompile, the link stage's seconds from report.json, then latency of
                `pipeline.load(out)`;
   eager        latency under torch.no_grad().

@@ -3,13 +3,13 @@
 Usage: python3 bench/cuda_backend.py [MODEL ...] [--runs N] [--aoti-all] [--json PATH]
 
 For each model (default: bert gpt2 resnet18 mlp), in one run on one GPU:
-  kiln           cold compile (`python -m pipeline compile MODEL --target cuda`, fresh kiln and
+  kiln           cold compile (`python -m kiln compile MODEL --target cuda`, fresh kiln and
                  triton caches), a no-op recompile on the same caches, the link stage's seconds
                  from report.json, the peak GPU memory of the autotune stage (the largest
                  peak_bytes of timings.json, next to the largest kernel's inputs_bytes, and the
                  peak in the autotune row's note) against the model's weight bytes (the tensors
                  of weights.safetensors: a peak far below them shows they never reached the
-                 GPU), then latency of `pipeline.loader.load(out)`;
+                 GPU), then latency of `kiln.loader.load(out)`;
   AOTInductor    export + aoti_compile_and_package with model and inputs on the GPU. For bert
                  (every model with --aoti-all) this runs on fresh inductor and triton caches and
                  a fresh TMPDIR, and is the cold compile time; for the others it runs on caches
@@ -17,7 +17,7 @@ For each model (default: bert gpt2 resnet18 mlp), in one run on one GPU:
                  cold. Then latency of the package loaded with aoti_load_package;
   torch.compile  latency of torch.compile(model) (default mode) after its first, compiling call;
   eager          latency of the module on the GPU under torch.no_grad().
-Every backend runs the same module (the kiln build's weights, via pipeline.run_model.eager_model)
+Every backend runs the same module (the kiln build's weights, via kiln.run_model.eager_model)
 on the same random inputs; each latency is the median of --runs calls after --warmup calls, with
 CUDA events around each timed call from an idle GPU, plus the max abs error against eager.
 Every compile and every latency measurement runs in its own process (bench/workers.py),

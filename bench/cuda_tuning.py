@@ -10,6 +10,7 @@ timed here with CUDA events.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -24,28 +25,32 @@ MEMORY_BOUND = ("layer_norm", "softmax", "gelu")
 
 
 def _compile(model: str, batch: int | None, kwargs: dict[str, Any], cache: Path, out: Path) -> dict[str, Any]:
-    from pipeline.build import Cache, compile_model
-    from pipeline.config import load_config
-    from pipeline.runner import BuildOptions
+    from kiln import compile_config, load_config
 
     config = load_config(model)
     config.fields["model.kwargs"] = {**config.field("model.kwargs"), **kwargs}
     if batch is not None:  # the same model on a larger batch: kernels that are not launch-bound
         specs = config.field("inputs")
         config.fields["inputs"] = [dict(spec, shape=[batch, *spec["shape"][1:]]) for spec in specs]
-    opened = Cache.open(cache)
-    result = compile_model(config, BuildOptions("cuda", out), opened)
-    row = next(r for r in result.rows if r.stage == "autotune")
-    entry = result.entries["autotune"]
-    return {"status": row.status, "seconds": row.seconds, "note": row.note,
-            "records": json.loads(entry.file("timings.json").read_text()),
-            "kernels_json": str(result.entries["gen-tuning-code"].file("kernels.json"))}
+    build = compile_config(config, target="cuda", out=out, cache_dir=cache)
+    row = next(r for r in build.report["stages"] if r["stage"] == "autotune")
+    return {"status": row["status"], "seconds": row["seconds"], "note": row["note"],
+            "records": json.loads((build.out / "timings.json").read_text()),
+            "kernels_json": str(build.out / "kernels.json")}
 
 
-def _copy_seconds(nbytes: int) -> float:
+def _tuner(kernels_json: Path) -> Any:
+    """The build folder's own tune.py (the tuner autotune ran, standalone): its timing harness."""
+    spec = importlib.util.spec_from_file_location("kiln_build_tune", kernels_json.parent / "tune.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _copy_seconds(nbytes: int, seconds: Any) -> float:
     import torch
-
-    from tasks.tune.cuda_tune import seconds
 
     src = torch.empty(max(1, nbytes // 4), dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
@@ -89,8 +94,7 @@ def _sweep_configs(variant: dict[str, Any]) -> list[dict[str, int]]:
 
 
 def _bandwidth(kernels_json: Path, records: dict[str, Any], sweep: bool) -> list[dict[str, Any]]:
-    from tasks.tune import cuda_tune
-
+    cuda_tune = _tuner(kernels_json)
     spec = json.loads(kernels_json.read_text())
     rows = []
     swept: set[str] = set()
@@ -103,23 +107,23 @@ def _bandwidth(kernels_json: Path, records: dict[str, Any], sweep: bool) -> list
         fn = getattr(module, record["function"])
         took = cuda_tune.seconds(cuda_tune.compile_here(entry, fn, record["config"]), entry, variant, inputs,
                                 record["config"])
-        copy = _copy_seconds(nbytes // 2)  # a copy of n/2 bytes reads n/2 and writes n/2: n moved
+        # a copy of n/2 bytes reads n/2 and writes n/2: n moved
+        copy = _copy_seconds(nbytes // 2, cuda_tune.seconds)
         row = {"kernel": entry["kernel"], "group": _group(entry), "variant": record["variant"],
                "config": record["config"], "bytes": nbytes, "us": took * 1e6,
                "gb_per_s": nbytes / took / 1e9, "copy_gb_per_s": nbytes / copy / 1e9,
                "fraction_of_copy": copy / took}
         if sweep and row["group"] != "other" and row["group"] not in swept:
-            row["sweep"] = _sweep(module, entry, inputs, copy)  # the first kernel of each group
+            row["sweep"] = _sweep(cuda_tune, module, entry, inputs, copy)  # the first kernel of each group
             swept.add(row["group"])
         rows.append(row)
         del inputs
     return rows
 
 
-def _sweep(module: Any, entry: dict[str, Any], inputs: list[Any], copy: float) -> list[dict[str, Any]]:
+def _sweep(cuda_tune: Any, module: Any, entry: dict[str, Any], inputs: list[Any],
+           copy: float) -> list[dict[str, Any]]:
     """The best few of a wide config grid for each variant, as fractions of the copy."""
-    from tasks.tune import cuda_tune
-
     found = []
     for variant in entry["variants"]:
         fn = getattr(module, variant["function"])

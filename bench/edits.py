@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ModelConfig
+from kiln import ModelConfig
 
 # Names that set a model's layer count: our models' (mlp: layers) and transformers' configs
 # (BERT: num_hidden_layers, GPT-2: n_layer).
@@ -40,17 +40,16 @@ def layer_knob(config: ModelConfig) -> dict[str, Any]:
     found = knob_in_kwargs(config)
     if found is not None:
         return found
-    from tasks.trace.factory import build_model, import_factory
+    from kiln.run_model import model_factory, seeded_model
 
-    factory = import_factory(config.field("model.factory"), config.name)
+    factory = model_factory(config)
     parameters = inspect.signature(factory).parameters
     defaults = {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
     found = knob_in(defaults)
     if found is not None:
         return found
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        fields = {k: config.job_value(k) for k in config.fields}
-        module = build_model(fields, config.name, config.project_root)
+        module = seeded_model(config)
         for sub in module.modules():
             settings = getattr(sub, "config", None)
             found = knob_in(vars(settings)) if hasattr(settings, "__dict__") else None

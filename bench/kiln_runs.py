@@ -19,7 +19,7 @@ def kiln_compile(config: Path | str, target: str, out: Path, env: dict[str, str]
                  timeout: float) -> dict[str, Any]:
     """One `kiln compile` (the cache is env's KILN_CACHE_DIR): its wall seconds, peak RSS, each
     stage's status and seconds, and the report; or {"error": ...}."""
-    cmd = [sys.executable, "-m", "pipeline", "compile", str(config), "--quiet", "--target", target,
+    cmd = [sys.executable, "-m", "kiln", "compile", str(config), "--quiet", "--target", target,
            "--out", str(out)]
     done = run_measured(cmd, env, timeout)
     failed = done.failure("kiln compile")

@@ -25,14 +25,12 @@ _CHILD = """
 import json, sys, time
 from pathlib import Path
 import torch
-from pipeline import compile
-from pipeline.config import load_config
-from tasks.trace.factory import build_model, example_inputs
+from kiln import compile, load_config
+from kiln.run_model import random_inputs, seeded_model
 config = load_config(sys.argv[1])
-fields = {name: config.job_value(name) for name in config.fields}
 device = "cuda" if sys.argv[2] == "cuda" else "cpu"
-module = build_model(fields, config.name, config.project_root).eval().to(device)
-args = tuple(a.to(device) for a in example_inputs(fields["inputs"], fields["weights.seed"]))
+module = seeded_model(config).eval().to(device)
+args = tuple(a.to(device) for a in random_inputs(config, config.field("weights.seed")))
 start = time.perf_counter()
 compiled = compile(module, args, target=sys.argv[2], out=Path(sys.argv[3]), cache_dir=Path(sys.argv[4]))
 seconds = time.perf_counter() - start

@@ -26,7 +26,7 @@ def kiln(args: list[str], cache: Path, one_core: bool) -> dict[str, Any]:
     env = dict(os.environ, KILN_CACHE_DIR=str(cache), PYTHONPATH=path, OMP_NUM_THREADS="1")
     out = cache.parent / "out"
     pin = ["taskset", "-c", "0"] if one_core else []
-    subprocess.run([*pin, sys.executable, "-m", "pipeline", *args, "--quiet", "--target", "cpu",
+    subprocess.run([*pin, sys.executable, "-m", "kiln", *args, "--quiet", "--target", "cpu",
                     "--out", str(out)], check=True, env=env, cwd=ROOT, capture_output=True)
     return dict(json.loads((out / "report.json").read_text()))
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 from bench.edits import write_config  # noqa: E402
 from bench.kiln_runs import kiln_compile, program_digest  # noqa: E402
 from bench.procs import child_env, run_worker  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
+from kiln import load_config  # noqa: E402
 
 TIMEOUT = 1800.0
 

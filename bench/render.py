@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.suite import NOT_REACHED
-from pipeline.report import human_bytes, print_report
+from kiln.report import human_bytes, print_report
 
 ENGINE_TITLES = {"kiln": "kiln", "eager": "eager", "torch.compile": "torch.compile", "aoti": "AOTInductor"}
 STEP_TITLES = {"cold": "cold compile", "warm": "warm compile", "layer_edit": "one-layer edit",

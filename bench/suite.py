@@ -30,7 +30,7 @@ from typing import Any
 from bench.edits import knob_in_kwargs, write_config
 from bench.kiln_runs import compile_memory, kiln_compile
 from bench.procs import child_env, host_facts, run_worker
-from pipeline.config import ModelConfig, load_config
+from kiln import ModelConfig, load_config
 
 ENGINES = ("kiln", "eager", "torch.compile", "aoti")
 RECOMPILES = ("warm", "weight_swap", "layer_edit")  # after the cold compile, in this order

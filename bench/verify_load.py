@@ -65,11 +65,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
     build = args.out / f"{args.model}-{args.target}"
-    subprocess.run([sys.executable, "-m", "pipeline", "compile", args.model, "--target", args.target,
+    subprocess.run([sys.executable, "-m", "kiln", "compile", args.model, "--target", args.target,
                     "--out", str(build), "--quiet"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     import torch  # noqa: F401  (before model.so)
 
-    from pipeline.loader import load
+    from kiln import load
 
     weights = build / "weights.safetensors"
     load(build)  # the pages in memory, model.so loaded once

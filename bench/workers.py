@@ -10,12 +10,14 @@ starts the process and reads the result. Jobs:
   checkpoint  save a model's weights, made with another seed, as a safetensors file;
   layer-knob  find the kwarg that sets a model's layer count (bench/edits.py).
 Every engine runs the same module (a kiln build's weights where there is one) on the same
-random inputs (pipeline.run_model), on spec["device"].
+random inputs (kiln.run_model), on spec["device"].
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import resource
 import statistics
 import sys
@@ -25,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import UNFINISHED, error_text
-from cache.store import write_atomic
 
 Job = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -35,15 +36,14 @@ def model_and_inputs(spec: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     config's seed or checkpoint) and the random inputs, both on spec["device"]."""
     import torch
 
-    from pipeline.config import load_config
-    from pipeline.run_model import eager_model, random_inputs
-    from tasks.trace.weights import load_checkpoint
+    from kiln import load_config
+    from kiln.run_model import eager_model, load_checkpoint, random_inputs
 
     config = load_config(spec["model"])
     build = Path(spec["build"])
     module = eager_model(config, build)
     if not (build / "weights.safetensors").is_file() and config.checkpoint is not None:
-        load_checkpoint(module, config.checkpoint, config.name)
+        load_checkpoint(module, config)
     device = spec.get("device", "cpu")
     inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in random_inputs(config))
     return module.to(device), inputs
@@ -112,9 +112,10 @@ def loaded(engine: str, spec: dict[str, Any], module: Any) -> Callable[..., Any]
         runner: Callable[..., Any] = torch._inductor.aoti_load_package(spec["package"])
         return runner
     if engine == "kiln":
-        from pipeline.loader import load
+        from kiln import load
 
-        return load(spec["build"])
+        loaded: Callable[..., Any] = load(spec["build"])
+        return loaded
     if engine == "torch.compile":
         compiled: Callable[..., Any] = torch.compile(module)
         return compiled
@@ -128,7 +129,7 @@ def latency_of(fn: Callable[..., Any], module: Any, args: tuple[Any, ...],
     """Max abs error of fn against the eager module, then the latency of fn."""
     import torch
 
-    from pipeline.run_model import max_error
+    from kiln.run_model import max_error
 
     want = module(*args)
     t0 = time.perf_counter()
@@ -208,13 +209,10 @@ def checkpoint_job(spec: dict[str, Any]) -> dict[str, Any]:
     """The config's model built with weights seed spec["seed"], saved to spec["path"]."""
     from safetensors.torch import save_file
 
-    from pipeline.config import load_config
-    from tasks.trace.factory import build_model
+    from kiln import load_config
+    from kiln.run_model import seeded_model
 
-    config = load_config(spec["model"])
-    fields = {k: config.job_value(k) for k in config.fields}
-    fields["weights.seed"] = spec["seed"]
-    module = build_model(fields, config.name, config.project_root)
+    module = seeded_model(load_config(spec["model"]), spec["seed"])
     # clones: tied weights (an embedding shared with an output layer) share storage, which
     # safetensors refuses to save
     save_file({k: v.contiguous().clone() for k, v in module.state_dict().items()}, spec["path"])
@@ -223,7 +221,7 @@ def checkpoint_job(spec: dict[str, Any]) -> dict[str, Any]:
 
 def layer_knob_job(spec: dict[str, Any]) -> dict[str, Any]:
     from bench.edits import layer_knob
-    from pipeline.config import load_config
+    from kiln import load_config
 
     return layer_knob(load_config(spec["model"]))
 
@@ -231,9 +229,7 @@ def layer_knob_job(spec: dict[str, Any]) -> dict[str, Any]:
 def machine_job(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from pipeline.envfacts import package_version
-
-    found: dict[str, Any] = {"torch": torch.__version__, "triton": package_version("triton"),
+    found: dict[str, Any] = {"torch": torch.__version__, "triton": _version("triton"),
                              "threads": torch.get_num_threads(), "python": sys.version.split()[0]}
     if on_gpu(spec) and torch.cuda.is_available():
         found |= {"gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(),
@@ -248,7 +244,10 @@ JOBS: dict[str, Job] = {"machine": machine_job, "compile": compile_job, "latency
 
 
 def write_result(spec: dict[str, Any], found: dict[str, Any]) -> None:
-    write_atomic(Path(spec["result"]), json.dumps(found) + "\n")  # a reader never sees half a result
+    result = Path(spec["result"])
+    tmp = result.with_name(f".{result.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(found) + "\n")
+    tmp.replace(result)  # a reader never sees half a result
 
 
 def main(argv: list[str]) -> int:
@@ -264,3 +263,10 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"

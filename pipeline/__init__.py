@@ -1,24 +1,3 @@
-"""kiln's pipeline: the stage table, the runner, reports and the CLI.
-
-`from pipeline import compile, load` is the Python surface (DESIGN §1b). Importing this
-package stays cheap: nothing here imports torch until a stage needs it.
-"""
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def compile(model: Any, example_inputs: tuple[Any, ...], **kwargs: Any) -> Any:
-    from pipeline.api import compile as _compile
-
-    return _compile(model, example_inputs, **kwargs)
-
-
-def load(build_dir: Any) -> Any:
-    from pipeline.api import load as _load
-
-    return _load(build_dir)
-
-
-__all__ = ["compile", "load"]
+"""kiln's engine: the stage table, keys, the runner and how stages are executed, the build
+folder's publishing. It imports the contract (contract/), the cache (cache/) and nothing above
+it; stages are named by "module:function" strings, never imported here."""

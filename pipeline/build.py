@@ -12,7 +12,7 @@ from pathlib import Path
 from cache.leases import Lease
 from cache.records import Records
 from cache.store import Entry, Store
-from pipeline.config import ModelConfig
+from contract.config import ModelConfig
 from pipeline.progress import Display, QuietDisplay
 from pipeline.publish import publish
 from pipeline.report import report_files

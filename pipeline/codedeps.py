@@ -8,7 +8,7 @@ from the AST instead (pipeline/codescan.py says what counts as an import and as 
 folder read reads every file in it, unless it holds Python code, which is reached (or not) by
 imports: the project root and a package's own folder are not data. Only files under the
 project root count: torch, triton and the compiler are keyed by their versions
-(pipeline.envfacts).
+(contract.facts).
 
 Note: each module's scan is kept in the records (ScanStore), keyed by its path, its digest and
 the scanner's version, so a no-op compile parses nothing; the closures then cost a few
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cache.hashing import digest_bytes, digest_json
+from contract.config import PROJECT_ROOT
 from pipeline import codescan
 from pipeline.codescan import IMPORTED, Scan, parse_module
-from pipeline.config import PROJECT_ROOT
 
 CODE_PART = "code:"  # key parts are named code:<file relative to the project root>
 # Note: configs/ holds the models' configs, which kiln's config module looks up by a path from

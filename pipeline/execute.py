@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cache.store import Store
-from pipeline.config import ModelConfig
-from pipeline.envfacts import env_fact
-from pipeline.errors import KilnError
-from pipeline.job import StageJob
+from contract.config import ModelConfig
+from contract.errors import KilnError
+from contract.facts import env_fact
+from contract.job import StageJob
 from pipeline.stages import Stage
 from pipeline.warm import WarmWorker, worker_env
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cache.records import Records
 from cache.store import Store
-from pipeline.config import ModelConfig
+from contract.config import ModelConfig
 from pipeline.keys import diff_parts
 from pipeline.progress import QuietDisplay
 from pipeline.runner import BuildOptions, Runner

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import KilnError
+from contract.errors import KilnError
 
 MODEL_SO = "model.so"
 WEIGHTS = "weights.safetensors"

@@ -11,39 +11,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol, cast
+from typing import cast
 
 from cache.hashing import digest_json
-from cache.records import Records
 from cache.store import Artifact
+from contract.config import ModelConfig
+from contract.facts import env_fact
+from contract.keys import DynamicKeys, Parts
 from pipeline.codedeps import ScanStore, code_parts
-from pipeline.config import ModelConfig
-from pipeline.envfacts import env_fact
 from pipeline.stages import Stage
-
-Parts = dict[str, str]
-
-
-@dataclass(frozen=True)
-class KeyContext:
-    """What a stage's dynamic key function may look at (torch-free, cheap)."""
-
-    config: ModelConfig
-    records: Records
-    build_id: str
-    live: Any = None
-
-
-class DynamicKeys(Protocol):
-    """A stage's parts beyond its declaration. key_parts returns None when the key can be known
-    only by running the stage (an in-memory module: only tracing it says what it computes);
-    the stage then always runs and is keyed by what it wrote (output_parts)."""
-
-    def key_parts(self, ctx: KeyContext) -> Parts | None: ...
-
-    def remember(self, ctx: KeyContext, notes: Mapping[str, Any]) -> None: ...
 
 
 def key_of(parts: Mapping[str, str]) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from cache.hashing import pretty_json
 from cache.store import Entry, write_atomic
-from pipeline.errors import KilnError
+from contract.errors import KilnError
 from pipeline.integrity import FILES, MODEL_JSON, MODEL_SO, WEIGHTS, weights_digest
 from pipeline.runner import BuildResult
 from pipeline.stages import Stage

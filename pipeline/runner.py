@@ -17,11 +17,12 @@ from typing import Any
 from cache.locks import key_lock
 from cache.records import Records
 from cache.store import Artifact, Entry, Store, scan_artifacts
+from contract.config import ModelConfig
+from contract.errors import KilnError
+from contract.keys import KeyContext, Parts
 from pipeline.codedeps import stage_code_digest
-from pipeline.config import ModelConfig
-from pipeline.errors import KilnError
 from pipeline.execute import execute_stage
-from pipeline.keys import KeyContext, Parts, dynamic_keys, key_of, output_parts, static_parts
+from pipeline.keys import dynamic_keys, key_of, output_parts, static_parts
 from pipeline.prebuild import Prebuilds
 from pipeline.progress import Display
 from pipeline.stages import STAGES, Stage

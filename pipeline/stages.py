@@ -18,7 +18,7 @@ class Stage:
     summary: str
     reads: tuple[str, ...] = ()  # "stage/artifact" of earlier stages; their digests join the key
     config: tuple[str, ...] = ()  # dotted config fields the stage reads
-    env: tuple[str, ...] = ()  # environment facts (see pipeline.envfacts)
+    env: tuple[str, ...] = ()  # environment facts (see contract.facts)
     entry: str | None = None  # "module:function" running the stage; None: not built yet
     keys: str | None = None  # "module" with key_parts()/remember() for dynamic key parts
     prebuild: str | None = None  # "module" building a model-independent item ahead (pipeline/prebuild.py)

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import PROJECT_ROOT
+from contract.config import PROJECT_ROOT
 from pipeline.stages import Stage
 
 

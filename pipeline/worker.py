@@ -16,9 +16,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from pipeline.errors import KilnError
+from contract.errors import KilnError
+from contract.job import StageJob
 from pipeline.execute import load_entry, peak_rss_self
-from pipeline.job import StageJob
 
 _PR_SET_PDEATHSIG = 1
 

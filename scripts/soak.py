@@ -34,9 +34,9 @@ _CHECKER = """
 import json, sys
 from pathlib import Path
 import torch
-from pipeline.config import load_config
-from pipeline.loader import load
-from pipeline.run_model import eager_model, flat_tensors, random_inputs
+from contract.config import load_config
+from kiln.loader import load
+from kiln.run_model import eager_model, flat_tensors, random_inputs
 reference = {}
 for line in sys.stdin:
     model, out = line.split()
@@ -80,7 +80,7 @@ def _env() -> dict[str, str]:
 
 
 def _kiln(cache: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "pipeline", "--cache-dir", str(cache), *args]
+    return [sys.executable, "-m", "kiln", "--cache-dir", str(cache), *args]
 
 
 def compiler(index: int, args: argparse.Namespace, tally: Tally) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import PROJECT_ROOT
 from pipeline.build import Cache
-from pipeline.config import PROJECT_ROOT
 
 MLP_CONFIG = """
 [model]
@@ -79,7 +79,7 @@ def kiln(args: list[str], cache_dir: Path, cwd: Path | None = None,
     env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), COLUMNS="200")
     env["PYTHONPATH"] = python_path()
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "kiln", *args], capture_output=True, text=True,
         env=env, cwd=cwd or PROJECT_ROOT, timeout=600, check=False,
     )
     if check and proc.returncode != 0:
@@ -89,7 +89,7 @@ def kiln(args: list[str], cache_dir: Path, cwd: Path | None = None,
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """gpu-marked tests skip, with a reason, where no GPU is visible."""
-    from pipeline.envfacts import gpu_visible
+    from contract.facts import gpu_visible
 
     if gpu_visible():
         return

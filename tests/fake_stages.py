@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.job import StageJob
+from contract.job import StageJob
 from pipeline.stages import Stage
 
 

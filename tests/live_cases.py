@@ -80,7 +80,7 @@ ONE_OPS: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = (
 
 def check(module: torch.nn.Module, x: torch.Tensor, cache: Path, out: Path) -> float:
     """Compile module, run the build on a fresh input, return the max error against eager."""
-    from pipeline import compile as kiln_compile
+    from kiln import compile as kiln_compile
 
     compiled = kiln_compile(module, (x,), target="cpu", cache_dir=cache, out=out)
     fresh = torch.randn_like(x)

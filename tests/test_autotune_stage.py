@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.config import PROJECT_ROOT
+from contract.config import PROJECT_ROOT
 from tests.conftest import kiln
 
 LAYERS_MODEL = '''

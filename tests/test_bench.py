@@ -17,8 +17,8 @@ from bench.edits import dump_toml, layer_knob, write_config
 from bench.procs import ROOT, UNFINISHED, child_env, crash_site, run_measured, run_worker
 from bench.render import notes
 from bench.suite import ENGINES, NOT_REACHED, STEPS, BenchOptions, Run, bench_inductor, run_bench
-from pipeline.cli import main
-from pipeline.config import PROJECT_ROOT, load_config
+from cli.main import main
+from contract.config import PROJECT_ROOT, load_config
 from tests.conftest import kiln
 
 CONFIGS = sorted((PROJECT_ROOT / "configs").glob("*.toml"))

@@ -11,7 +11,7 @@ import pytest
 
 from cache import Store, canonical_json, digest_json
 from cache.gc import parse_size
-from pipeline.config import PROJECT_ROOT
+from contract.config import PROJECT_ROOT
 from tests.conftest import python_path
 
 
@@ -79,7 +79,7 @@ def test_parse_size_rejects_nonsense() -> None:
 
 _KEY_SCRIPT = """
 import sys
-from pipeline.config import load_config
+from contract.config import load_config
 from pipeline.keys import key_of, static_parts
 from pipeline.stages import STAGES
 config = load_config("mlp")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline import cli
-from pipeline.config import PROJECT_ROOT
-from pipeline.report import print_report
+from cli import main as cli
+from contract.config import PROJECT_ROOT
+from kiln.report import print_report
 from pipeline.stages import STAGES
 from tests.conftest import kiln, python_path
 
@@ -118,7 +118,7 @@ def _spawn(args: list[str], cache_dir: Path, log: Path | None = None) -> subproc
     env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), PYTHONPATH=python_path())
     if log is not None:
         env["KILN_TEST_RUNLOG"] = str(log)
-    return subprocess.Popen([sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "kiln", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=PROJECT_ROOT)
 
 

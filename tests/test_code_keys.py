@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import PROJECT_ROOT
 from pipeline import codedeps, codescan
 from pipeline.codescan import Scan
-from pipeline.config import PROJECT_ROOT
 from pipeline.stages import STAGES
 
-KILN_DIRS = ("pipeline", "tasks", "cache", "runtime", "bench", "scripts")
+KILN_DIRS = ("cache", "contract", "tasks", "pipeline", "kiln", "cli", "runtime", "bench", "scripts")
 RUNTIME_READERS = {"runtime/kiln_cpu.h": {"gen-tuning-code", "link"}}  # besides link, for every file
 
 
@@ -97,7 +97,7 @@ def test_a_comment_in_any_file_changes_exactly_the_stages_that_run_it(tree: Path
 
 def test_what_no_stage_runs_changes_no_key(tree: Path) -> None:
     baseline = _stage_parts(tree)
-    for rel in ("pipeline/cli.py", "pipeline/commands.py", "bench/suite.py", "configs/mlp.toml"):
+    for rel in ("cli/main.py", "cli/commands.py", "bench/suite.py", "configs/mlp.toml"):
         path = tree / rel
         original = path.read_bytes()
         path.write_bytes(original + b"\n# kiln key test\n")
@@ -149,7 +149,7 @@ def test_explain_names_the_kiln_file_that_changed(tmp_path: Path) -> None:
     env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(root), COLUMNS="200")
 
     def kiln(*args: str) -> str:
-        proc = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=root, env=env,
+        proc = subprocess.run([sys.executable, "-m", "kiln", *args], cwd=root, env=env,
                               capture_output=True, text=True, check=False, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline import compile as kiln_compile
-from pipeline.loader import CompiledModel
-from pipeline.run_model import flat_tensors
+from kiln import compile as kiln_compile
+from kiln.loader import CompiledModel
+from kiln.run_model import flat_tensors
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import PROJECT_ROOT, load_config
-from pipeline.errors import KilnError
+from contract.config import PROJECT_ROOT, load_config
+from contract.errors import KilnError
 
 GOOD = """
 [model]

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from contract.config import load_config
+from kiln.loader import load
+from kiln.run_model import eager_model, flat_tensors, random_inputs
 from pipeline.build import Cache, compile_model
-from pipeline.config import load_config
-from pipeline.loader import load
-from pipeline.run_model import eager_model, flat_tensors, random_inputs
 from pipeline.runner import BuildOptions, BuildResult
 from tests.conftest import kiln, write_config
 

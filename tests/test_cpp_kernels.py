@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.toolchain import FLAGS
+from contract.toolchain import FLAGS
 from tasks.codegen.cpp_build import RUNTIME, compiler
 from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
 from tests.cpp_kernel_harness import check_kernel, needs_cxx
@@ -89,7 +89,7 @@ def test_the_inner_loop_of_a_pointwise_kernel_is_vectorized(tmp_path: Path) -> N
 @needs_cxx
 @pytest.mark.parametrize("name", ["mlp", "convnet", "cond", "while", "bert-small", "gpt2-small"])
 def test_every_kernel_of_a_reference_model_compiles_and_matches(name: str) -> None:
-    from pipeline.config import load_config
+    from contract.config import load_config
     from tasks.trace.factory import build_model, example_inputs
 
     if name.startswith(("bert", "gpt2")):

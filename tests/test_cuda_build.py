@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from contract.config import load_config
+from contract.errors import KilnError
+from contract.facts import gpu_visible
 from pipeline.build import Cache, compile_model
-from pipeline.config import load_config
-from pipeline.envfacts import gpu_visible
-from pipeline.errors import KilnError
 from pipeline.runner import BuildOptions
 
 pytest.importorskip("triton")
@@ -69,7 +69,7 @@ def test_cuda_model_so_is_the_same_bytes_when_built_again(mlp_build: tuple[Any, 
 
 @pytest.mark.skipif(gpu_visible(), reason="a GPU machine has a driver")
 def test_creating_a_cuda_model_without_a_driver_says_so(mlp_build: tuple[Any, Path]) -> None:
-    from pipeline.api import load
+    from kiln import load
 
     with pytest.raises(KilnError, match=r"CUDA driver \(libcuda.so.1\) cannot be loaded"):
         load(mlp_build[1])

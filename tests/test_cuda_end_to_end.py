@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import load_config
 from pipeline.build import Cache, compile_model
-from pipeline.config import load_config
 from pipeline.runner import BuildOptions
 
 pytestmark = pytest.mark.gpu
@@ -36,7 +36,7 @@ def _build(name: str, root: Path, cache: Cache) -> Path:
 def _assert_matches(got: object, want: object) -> None:
     import torch
 
-    from pipeline.run_model import flat_tensors
+    from kiln.run_model import flat_tensors
 
     for a, b in zip(flat_tensors(got), flat_tensors(want), strict=True):
         assert a.is_cuda
@@ -53,8 +53,8 @@ def _on_gpu(values: tuple[object, ...]) -> tuple[object, ...]:
 
 @pytest.mark.parametrize("name", MODELS)
 def test_model_on_the_gpu_matches_eager(name: str, tmp_path: Path, gpu_cache: Cache) -> None:
-    from pipeline.loader import load
-    from pipeline.run_model import eager_model, random_inputs
+    from kiln.loader import load
+    from kiln.run_model import eager_model, random_inputs
 
     out = _build(name, tmp_path, gpu_cache)
     config = load_config(name)
@@ -65,8 +65,8 @@ def test_model_on_the_gpu_matches_eager(name: str, tmp_path: Path, gpu_cache: Ca
 
 
 def test_cond_on_the_gpu_takes_both_branches(tmp_path: Path, gpu_cache: Cache) -> None:
-    from pipeline.loader import load
-    from pipeline.run_model import eager_model, random_inputs
+    from kiln.loader import load
+    from kiln.run_model import eager_model, random_inputs
 
     out = _build("cond", tmp_path, gpu_cache)
     config = load_config("cond")
@@ -84,8 +84,8 @@ def test_a_run_on_a_stream_of_the_callers(tmp_path: Path, gpu_cache: Cache) -> N
     """A run inside `torch.cuda.stream(s)` queues its work on s (torch's current stream)."""
     import torch
 
-    from pipeline.loader import load
-    from pipeline.run_model import eager_model, random_inputs
+    from kiln.loader import load
+    from kiln.run_model import eager_model, random_inputs
 
     out = _build("mlp", tmp_path, gpu_cache)
     config = load_config("mlp")
@@ -103,8 +103,8 @@ def test_the_readme_cpp_example_runs_a_cuda_model(tmp_path: Path, gpu_cache: Cac
 
     import torch
 
-    from pipeline.config import PROJECT_ROOT
-    from pipeline.loader import load
+    from contract.config import PROJECT_ROOT
+    from kiln.loader import load
     from tasks.codegen.cpp_build import torch_include, torch_lib
 
     out = _build("mlp", tmp_path, gpu_cache)

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from contract.config import load_config
+from contract.facts import gpu_visible
 from pipeline.build import Cache, compile_model
-from pipeline.config import load_config
-from pipeline.envfacts import gpu_visible
 from pipeline.runner import BuildOptions
 
 pytest.importorskip("triton")

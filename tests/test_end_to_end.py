@@ -13,12 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from contract.config import PROJECT_ROOT, load_config
+from contract.errors import KilnError
+from kiln.loader import ModelInputError, load
+from kiln.run_model import eager_model, flat_tensors, random_inputs
 from pipeline.build import Cache, compile_model
-from pipeline.config import PROJECT_ROOT, load_config
-from pipeline.errors import KilnError
 from pipeline.integrity import weights_digest
-from pipeline.loader import ModelInputError, load
-from pipeline.run_model import eager_model, flat_tensors, random_inputs
 from pipeline.runner import BuildOptions
 from tasks.codegen.cpp_build import torch_include, torch_lib
 from tasks.trace.weights import write_weights

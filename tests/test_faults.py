@@ -22,14 +22,14 @@ import torch
 from cache import gc as cache_gc
 from cache.leases import Lease
 from cache.records import Records
-from pipeline import cli
+from cli import main as cli
+from contract.config import load_config
+from contract.errors import KilnError
+from kiln.loader import load
+from kiln.run_model import eager_model, flat_tensors, random_inputs
 from pipeline.build import Cache, compile_model
-from pipeline.config import load_config
-from pipeline.errors import KilnError
-from pipeline.loader import load
 from pipeline.publish import publish, remove_litter
 from pipeline.report import report_files
-from pipeline.run_model import eager_model, flat_tensors, random_inputs
 from pipeline.runner import BuildOptions, BuildResult
 from pipeline.stages import STAGES
 from tests.conftest import python_path
@@ -149,7 +149,7 @@ def test_gc_and_clear_beside_a_compile_in_another_process(tmp_path: Path) -> Non
     its build loads and matches eager; a clear that may not wait says who runs."""
     cache_dir, out = tmp_path / "cache", tmp_path / "convnet"
     env = {**os.environ, "PYTHONPATH": python_path()}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--cache-dir", str(cache_dir), "compile",
+    proc = subprocess.Popen([sys.executable, "-m", "kiln", "--cache-dir", str(cache_dir), "compile",
                              "convnet", "--target", "cpu", "--out", str(out), "--quiet"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     cache = Cache.open(cache_dir)
@@ -298,11 +298,11 @@ def _damaged(root: Path, mlp: Path, name: str, how: str) -> Path:
 @pytest.mark.parametrize("how", ["truncated", "flipped", "garbage"])
 def test_load_refuses_a_damaged_file_by_name(root: Path, mlp: Path, name: str, how: str) -> None:
     out = _damaged(root, mlp, name, how)
-    code = f"from pipeline.loader import load\nload({str(out)!r})"
+    code = f"from kiln.loader import load\nload({str(out)!r})"
     proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": python_path()},
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]  # an exception, never a signal
-    raised = [line for line in proc.stderr.splitlines() if line.startswith("pipeline.errors.KilnError")]
+    raised = [line for line in proc.stderr.splitlines() if line.startswith("contract.errors.KilnError")]
     assert raised, proc.stderr[-2000:]
     assert name in raised[0], raised[0]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import compile as kiln_compile
-from pipeline import load
-from pipeline.config import PROJECT_ROOT
-from pipeline.errors import KilnError
+from contract.config import PROJECT_ROOT
+from contract.errors import KilnError
+from kiln import compile as kiln_compile
+from kiln import load
 from tests import live_cases
 from tests.live_cases import ONE_OPS, Helped, OneOp, check, pairs, shared_linear
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from contract.config import load_config
 from pipeline.build import Cache, compile_model
-from pipeline.config import load_config
 from pipeline.runner import BuildOptions
 from tasks.ir import serialize
 from tasks.ir.interpret import run_graph

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.config import load_config
 from pipeline.build import Cache, compile_model
-from pipeline.config import load_config
 from pipeline.runner import BuildOptions
 from tests.conftest import kiln
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from contract.job import StageJob
 from pipeline.execute import _spawn
-from pipeline.job import StageJob
 
 
 def test_a_job_in_process_reports_nothing_and_fails_nothing(tmp_path: Path) -> None:

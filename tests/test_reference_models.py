@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import load_config
 from pipeline.build import Cache, compile_model
-from pipeline.config import load_config
 from pipeline.runner import BuildOptions
 
 SMALL = ["mlp", "convnet", "cond", "while", "bert-small", "gpt2-small"]
@@ -38,7 +38,7 @@ def test_control_flow_survives_in_the_program(cache: Cache, tmp_path: Path) -> N
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None,
                     reason="torchvision is installed here")
 def test_resnet18_without_torchvision_names_the_package(cache: Cache, tmp_path: Path) -> None:
-    from pipeline.errors import KilnError
+    from contract.errors import KilnError
 
     with pytest.raises(KilnError, match="needs the Python package 'torchvision'"):
         compile_model(load_config("resnet18"), BuildOptions("cpu", tmp_path / "r"), cache)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import ModelConfig, load_config
+from contract.errors import KilnError
 from pipeline.build import Cache, compile_model
-from pipeline.config import ModelConfig, load_config
-from pipeline.errors import KilnError
 from pipeline.explain import explain
 from pipeline.runner import BuildOptions, BuildResult
 from pipeline.stages import Stage

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pipeline.config import PROJECT_ROOT
+from contract.config import PROJECT_ROOT
 
 pytestmark = pytest.mark.skipif(
     shutil.which("g++") is None, reason="g++ is not on PATH: cannot compile the C++ safetensors reader"

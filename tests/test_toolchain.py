@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import toolchain
-from pipeline.envfacts import env_fact, gpu_visible
-from pipeline.errors import KilnError
+from contract import toolchain
+from contract.errors import KilnError
+from contract.facts import env_fact, gpu_visible
 from tasks.codegen.cpp_build import build_shared, compiler
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from contract.config import load_config
 from pipeline.build import Cache, compile_model
-from pipeline.config import load_config
 from pipeline.runner import BuildOptions, BuildResult
 from pipeline.stages import STAGES
 from tests.conftest import kiln, python_path, write_config
@@ -115,7 +115,7 @@ def test_noop_compile_does_not_import_torch(project: Path, tmp_path: Path) -> No
     config = str(project / "configs" / "toy.toml")
     kiln(["compile", config, "--target", "cpu", "--quiet"], cache_dir)
     code = (
-        "import sys; from pipeline.cli import main; "
+        "import sys; from cli.main import main; "
         f"rc = main(['compile', {config!r}, '--target', 'cpu', '--quiet']); "
         "assert rc == 0; assert 'torch' not in sys.modules, 'torch was imported'"
     )
@@ -215,7 +215,7 @@ def _unreadable_checkpoints(root: Path) -> dict[str, tuple[Path, str]]:
 
 @pytest.mark.parametrize("kind", ["random", "object", "truncated", "empty", "safetensors"])
 def test_unreadable_checkpoint_error_is_short(tmp_path: Path, kind: str) -> None:
-    from pipeline.errors import KilnError
+    from contract.errors import KilnError
     from tasks.trace.weights import read_checkpoint
 
     path, gist = _unreadable_checkpoints(tmp_path)[kind]

@@ -160,7 +160,7 @@ REFERENCE_MODELS = ["mlp", "convnet", "cond", "while", "bert-small", "gpt2-small
 
 @cache
 def _model_kernels(name: str) -> tuple[Kernel, ...]:
-    from pipeline.config import load_config
+    from contract.config import load_config
     from tasks.trace.factory import build_model, example_inputs
 
     if name.startswith(("bert", "gpt2")):

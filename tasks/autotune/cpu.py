@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import digest_file, digest_json, pretty_json
-from pipeline.errors import KilnError
-from pipeline.job import StageJob
-from pipeline.toolchain import cxx
+from contract.errors import KilnError
+from contract.job import StageJob
+from contract.toolchain import cxx
 from tasks.autotune.coverage import coverage, coverage_text, with_places
 from tasks.tune import cpu_tune
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import digest_file, digest_json, pretty_json
-from pipeline.errors import KilnError
-from pipeline.job import StageJob
+from contract.errors import KilnError
+from contract.job import StageJob
 from tasks.autotune.coverage import coverage, coverage_text, with_places
 from tasks.tune import cuda_tune
 

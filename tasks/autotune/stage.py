@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.job import StageJob
+from contract.job import StageJob
 
 
 def run(job: StageJob) -> Mapping[str, Any]:

@@ -1,4 +1,4 @@
-"""Compiling generated C++ on the host, with the compiler and flags pipeline.toolchain picks."""
+"""Compiling generated C++ on the host, with the compiler and flags contract.toolchain picks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 import subprocess
 from pathlib import Path
 
-from pipeline.toolchain import cxx, host_isa, kernel_flags
+from contract.toolchain import cxx, host_isa, kernel_flags
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 TORCH_LIBS = ("-ltorch_cpu", "-lc10")

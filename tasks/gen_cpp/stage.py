@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from cache.hashing import pretty_json
-from pipeline.errors import KilnError
-from pipeline.job import StageJob
+from contract.errors import KilnError
+from contract.job import StageJob
 from tasks.gen_cpp.wrapper import WrapperError, wrapper_source
 from tasks.ir.nodes import Buffer, BufferKind
 from tasks.schedule.model import Schedule, schedule_from

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
-from pipeline.toolchain import cxx, host_isa, kernel_flags
+from contract.toolchain import cxx, host_isa, kernel_flags
 from tasks.codegen.cpp_build import RUNTIME
 from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
 from tasks.codegen.inputs import index_bounds

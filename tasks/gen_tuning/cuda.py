@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
-from pipeline.toolchain import CROSS_ARCH
+from contract.toolchain import CROSS_ARCH
 from tasks.codegen.inputs import index_bounds
 from tasks.codegen.triton_kernel import (
     TritonVariant,

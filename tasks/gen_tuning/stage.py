@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.job import StageJob
+from contract.job import StageJob
 from tasks.gen_tuning import cpu
 from tasks.schedule import model
 

@@ -22,8 +22,8 @@ from typing import Any
 from cache.hashing import digest_json
 from cache.items import ItemCache
 from cache.store import Entry, Store
-from pipeline.envfacts import env_fact
-from pipeline.toolchain import RUNTIME_FLAGS
+from contract.facts import env_fact
+from contract.toolchain import RUNTIME_FLAGS
 from tasks.codegen.cpp_build import RUNTIME, compiler, run_compiler, torch_include
 
 STAGE = "link"  # the stage whose item namespace holds the runtime
@@ -32,7 +32,7 @@ UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp")
 
 
 def runtime_parts(cxx: str, env: Mapping[str, str], code: str) -> dict[str, str]:
-    """The item's key parts; env holds the "cxx" and "torch" facts (pipeline.envfacts), code the
+    """The item's key parts; env holds the "cxx" and "torch" facts (contract.facts), code the
     link stage's code digest."""
     # Note: all the code link runs, which holds this module and every file of runtime/ (it
     # compiles with -I runtime/, so any header there may be read): pipeline.codedeps finds both.

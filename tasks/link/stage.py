@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import KilnError
-from pipeline.job import StageJob
-from pipeline.toolchain import LINK_FLAGS, WRAPPER_FLAGS, isa_flags
+from contract.errors import KilnError
+from contract.job import StageJob
+from contract.toolchain import LINK_FLAGS, WRAPPER_FLAGS, isa_flags
 from tasks.codegen.cpp_build import (
     RUNTIME,
     TORCH_LIBS,

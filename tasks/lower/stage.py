@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import canonical_json
-from pipeline.errors import KilnError
-from pipeline.job import StageJob
+from contract.errors import KilnError
+from contract.job import StageJob
 from tasks.ir import serialize
 from tasks.ir.nodes import Extern, Fallback, Graph, Node
 from tasks.ir.text import graph_text

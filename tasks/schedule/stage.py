@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.job import StageJob
-from pipeline.report import human_bytes
+from contract.job import StageJob
+from contract.units import human_bytes
 from tasks.ir import serialize
 from tasks.ir.nodes import Extern, Fallback
 from tasks.schedule import model

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import digest_file
-from pipeline.config import PROJECT_ROOT
+from contract.config import KILN_PACKAGES, PROJECT_ROOT
 
 # codedeps: kiln's own folders, to leave their files out of the depfile (read by no one)
-_KILN_OWN = tuple(PROJECT_ROOT / d for d in ("pipeline", "tasks", "cache"))
+_KILN_OWN = tuple(PROJECT_ROOT / d for d in KILN_PACKAGES)
 _PACKAGE_DIRS = {"site-packages", "dist-packages"}
 
 

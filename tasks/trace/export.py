@@ -22,7 +22,7 @@ import torch
 from torch._export.serde.serialize import serialize
 
 from cache.hashing import canonical_json
-from pipeline.errors import KilnError
+from contract.errors import KilnError
 from tasks.trace.factory import is_model_file, user_frame
 
 # Ops that stay whole: later stages lower them to extern kernels, not to their decomposition.

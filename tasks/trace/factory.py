@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import KilnError, MissingPackage
+from contract.config import KILN_PACKAGES
+from contract.errors import KilnError, MissingPackage
 
 # Import names whose pip package is called something else.
 _PIP_NAMES = {"sklearn": "scikit-learn", "PIL": "pillow", "yaml": "pyyaml", "cv2": "opencv-python"}
@@ -86,7 +87,7 @@ def is_model_file(filename: str, project_root: Path) -> bool:
     """Model code: the project's files and packages such as transformers, but not torch,
     the standard library or kiln itself."""
     path = Path(filename)
-    skip = ("torch", "functorch", "pipeline", "tasks", "cache", "importlib", "contextlib")
+    skip = ("torch", "functorch", *KILN_PACKAGES, "importlib", "contextlib")
     parts = path.parts
     if any(p in ("site-packages", "dist-packages") for p in parts):
         idx = max(i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages"))

@@ -13,8 +13,8 @@ from typing import Any
 
 from cache.hashing import digest_file
 from cache.records import Records
-from pipeline.envfacts import package_version
-from pipeline.keys import KeyContext, Parts
+from contract.facts import package_version
+from contract.keys import KeyContext, Parts
 
 DEPFILE = "depfile"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
-from pipeline.job import StageJob
+from contract.job import StageJob
 from tasks.trace import deps
 from tasks.trace.export import decompose, export_only, program_json, source_map, weight_tensors
 from tasks.trace.factory import build_model, example_inputs

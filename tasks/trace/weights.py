@@ -11,7 +11,7 @@ import torch
 import xxhash
 from safetensors.torch import load_file, save_file
 
-from pipeline.errors import KilnError
+from contract.errors import KilnError
 
 _SHOW = 5
 

@@ -1,5 +1,5 @@
-"""The Python surface: `compile(model, example_inputs)` on in-memory modules and
-`load(build_dir)`.
+"""The Python surface: `compile(model, example_inputs)` on in-memory modules,
+`compile_config(config)` on a model config (what `kiln compile MODEL` runs), and `load(build_dir)`.
 
 `compile` runs the stages exactly as `kiln compile` does (same cache) and loads the result;
 for a target whose back half is not built yet it returns the Build, whose report says so.
@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract.config import PROJECT_ROOT, ModelConfig
+from contract.errors import KilnError
+from contract.facts import TARGETS, default_target
 from pipeline.build import Cache, compile_model, default_cache_root
-from pipeline.config import PROJECT_ROOT, ModelConfig
-from pipeline.envfacts import TARGETS, default_target
-from pipeline.errors import KilnError
 from pipeline.report import report_json
 from pipeline.runner import BuildOptions
 
@@ -44,9 +44,7 @@ def compile(
     else the Build (its report says which stages ran and which are not built yet)."""
     from tasks.trace.live import LiveModel
 
-    target = target or default_target()
-    if target not in TARGETS:
-        raise KilnError(f"unknown target {target!r}", f"use one of {', '.join(TARGETS)}")
+    target = _checked_target(target)
     name = type(model).__name__.lower()
     out_dir = Path(out) if out else Path.cwd() / "build" / name
     cfg = _live_config(name, example_inputs, config)
@@ -54,6 +52,8 @@ def compile(
     root = Path(cache_dir) if cache_dir else default_cache_root()
     result = compile_model(cfg, options, Cache.open(root))
     build = Build(result.out, report_json(result))
+    from kiln.loader import load
+
     return load(result.out) if build.complete else build
 
 
@@ -76,9 +76,19 @@ def _live_config(name: str, inputs: tuple[Any, ...], extra: dict[str, Any]) -> M
     return ModelConfig(name, Path(f"<live>/{name}"), PROJECT_ROOT, fields)
 
 
-def load(build_dir: Path | str, *, verify: bool = True) -> Any:
-    """Load a compiled model as a callable on torch tensors (see pipeline.loader); verify=False
-    skips the digest checks (sizes are still checked)."""
-    from pipeline.loader import load as load_build
+def compile_config(config: ModelConfig, *, target: str | None = None, out: Path | str | None = None,
+                   cache_dir: Path | str | None = None) -> Build:
+    """Compile a model config (kiln.load_config("mlp"), or one edited in memory) into `out`
+    (default build/NAME); the Build's report is report.json's."""
+    target = _checked_target(target)
+    out_dir = Path(out) if out else PROJECT_ROOT / "build" / config.name
+    root = Path(cache_dir) if cache_dir else default_cache_root()
+    result = compile_model(config, BuildOptions(target, out_dir), Cache.open(root))
+    return Build(result.out, report_json(result))
 
-    return load_build(build_dir, verify=verify)
+
+def _checked_target(target: str | None) -> str:
+    target = target or default_target()
+    if target not in TARGETS:
+        raise KilnError(f"unknown target {target!r}", f"use one of {', '.join(TARGETS)}")
+    return target

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import KilnError
+from contract.errors import KilnError
 from pipeline.integrity import (
     MODEL_SO,
     WEIGHTS,

@@ -1,7 +1,7 @@
 """The tools a build runs, picked in one place: the C++ compiler, its flags and the x86-64 level
 it compiles for; and, for the cuda target, the ptxas Triton assembles cubins with.
 
-The key facts (pipeline.envfacts) report exactly what these functions pick, and the stages
+The key facts (contract.facts) report exactly what these functions pick, and the stages
 compile with exactly that, so a key can never name one compiler while the build runs another.
 Nothing here imports torch or triton: a no-op recompile reads these facts too.
 """
@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from pipeline.errors import KilnError
+from contract.errors import KilnError
 
 # Note: no -ffast-math: kiln must give eager's NaN and infinity behaviour. -fno-trapping-math
 # changes no result (kiln never unmasks FP exceptions); without it GCC will not if-convert the

@@ -11,9 +11,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from pipeline.config import load_config
-from pipeline.envfacts import TARGETS, default_target
-from pipeline.errors import KilnError
+from contract.config import load_config
+from contract.errors import KilnError
+from contract.facts import TARGETS, default_target
 from pipeline.stages import STAGES, stage_names
 
 _err = Console(stderr=True, highlight=False)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from pipeline import commands
+    from cli import commands
 
     if args.command == "stages":
         for stage in STAGES:

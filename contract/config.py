@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import KilnError
+from contract.errors import KilnError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# kiln's own top-level packages: never model code, never in a trace's depfile
+KILN_PACKAGES = ("cache", "contract", "tasks", "pipeline", "kiln", "cli", "bench", "scripts")
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")

@@ -12,13 +12,16 @@ from rich.markup import escape
 
 from cache import gc as cache_gc
 from cache.store import write_atomic
+from cli.progress import LiveDisplay
+from contract.config import ModelConfig
+from contract.errors import KilnError
+from contract.units import human_bytes
+from kiln.report import print_report
 from pipeline.build import Cache, compile_model, default_cache_root
 from pipeline.codedeps import forget_scans
-from pipeline.config import ModelConfig
-from pipeline.errors import KilnError
 from pipeline.explain import explain
-from pipeline.progress import Display, LiveDisplay, QuietDisplay
-from pipeline.report import human_bytes, print_report, read_report, report_json
+from pipeline.progress import Display, QuietDisplay
+from pipeline.report import read_report, report_json
 from pipeline.runner import BuildOptions
 
 _RERUN_STYLE = {"no": "green", "yes": "yellow", "maybe": "blue", "not built": "dim"}
@@ -74,7 +77,7 @@ def report_command(out: Path, console: Console) -> int:
 
 
 def run_command(config: ModelConfig, out: Path, repeat: int, console: Console) -> int:
-    from pipeline.run_model import run_build
+    from kiln.run_model import run_build
 
     result = run_build(config, out, repeat)
     console.print(escape(f"{config.name}: {out} on random inputs ({', '.join(result.inputs)})"))

@@ -1,5 +1,6 @@
-"""`kiln run MODEL`: a build on random inputs next to eager PyTorch, with the max error and the
-latency of each."""
+"""A model's eager reference, for `kiln run MODEL` (a build on random inputs next to eager
+PyTorch, with the max error and the latency of each), the benchmarks and users: the config's
+module with its seeded weights, a build's weights or a checkpoint, and inputs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ModelConfig
+from contract.config import ModelConfig
 
 INPUT_SEED = 1  # not the trace's seed (0): the build must work on inputs it never saw
 
@@ -32,6 +33,31 @@ def eager_model(config: ModelConfig, build_dir: Path) -> Any:
         module.load_state_dict(loaded, strict=False)
     torch.set_grad_enabled(False)
     return module
+
+
+def seeded_model(config: ModelConfig, seed: int | None = None) -> Any:
+    """The config's module with its seeded weights (weights.seed, or `seed`), no checkpoint."""
+    from tasks.trace.factory import build_model
+
+    fields = {name: config.job_value(name) for name in config.fields}
+    if seed is not None:
+        fields["weights.seed"] = seed
+    return build_model(fields, config.name, config.project_root)
+
+
+def model_factory(config: ModelConfig) -> Any:
+    """The function model.factory names, imported (its signature says what kwargs it takes)."""
+    from tasks.trace.factory import import_factory
+
+    return import_factory(config.field("model.factory"), config.name)
+
+
+def load_checkpoint(module: Any, config: ModelConfig) -> None:
+    """The config's weights.checkpoint, loaded into `module` (as trace loads it)."""
+    from tasks.trace.weights import load_checkpoint as load_into
+
+    if config.checkpoint is not None:
+        load_into(module, config.checkpoint, config.name)
 
 
 def random_inputs(config: ModelConfig, seed: int = INPUT_SEED) -> tuple[Any, ...]:
@@ -81,7 +107,7 @@ class RunResult:
 def run_build(config: ModelConfig, build_dir: Path, repeat: int = 20) -> RunResult:
     import torch
 
-    from pipeline.loader import load
+    from kiln.loader import load
 
     compiled = load(build_dir)
     model = eager_model(config, build_dir)

@@ -13,7 +13,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from pipeline.toolchain import CROSS_ARCH, cxx_fact, host_isa, ptxas_fact
+from contract.toolchain import CROSS_ARCH, cxx_fact, host_isa, ptxas_fact
 
 TARGETS = ("cpu", "cuda")
 

@@ -19,14 +19,14 @@ from cache.records import Records
 from cache.store import Artifact, Entry, Store, scan_artifacts
 from contract.config import ModelConfig
 from contract.errors import KilnError
+from contract.facts import env_fact
+from contract.job import StageJob
 from contract.keys import KeyContext, Parts
 from pipeline.codedeps import stage_code_digest
-from pipeline.execute import execute_stage
+from pipeline.executor import Executor, executor_for
 from pipeline.keys import dynamic_keys, key_of, output_parts, static_parts
-from pipeline.prebuild import Prebuilds
 from pipeline.progress import Display
 from pipeline.stages import STAGES, Stage
-from pipeline.warm import WarmWorkers
 
 
 @dataclass(frozen=True)
@@ -92,16 +92,14 @@ class Runner:
         self.entries: dict[str, Entry] = {}
         self.touched: set[str] = set()  # stages that ran, or were cut off below one that ran
         self._t0 = 0.0
-        self.warm: WarmWorkers | None = None  # workers started ahead (none when in process)
-        self.ahead = Prebuilds(store)  # items built ahead of their stage (pipeline/prebuild.py)
+        self.executor: Executor = executor_for(
+            store, options.target, self.code, in_process=options.in_process, live=options.live is not None)
 
     def run(self) -> BuildResult:
         self._check_stage_names()
         self._t0 = time.perf_counter()
         rows: list[StageRow] = []
         blocked = ""
-        in_process = self.options.in_process or self.options.live is not None
-        self.warm = None if in_process else WarmWorkers(self.options.target, self.store.tmp)
         try:
             for stage in self.stages:
                 if blocked:
@@ -111,17 +109,14 @@ class Runner:
                     rows.append(StageRow(stage.name, "not built", note=f"planned: {stage.planned}"))
                     blocked = f"needs {stage.name}"
                     continue
+                self.executor.prepare((stage, *self._still_to_come(stage)))
                 rows.append(self._stage(stage))
                 if rows[-1].status == "ran":
-                    rows[-1].note = "; ".join(filter(None, [rows[-1].note, self.ahead.note(stage.name)]))
-                if self.warm is not None:
-                    self.warm.discard(stage)  # started for this stage, which did not run
+                    rows[-1].note = "; ".join(filter(None, [rows[-1].note, self.executor.note(stage.name)]))
                 if stage.name == self.options.until:
                     blocked = f"--until {stage.name}"
         finally:
-            self.ahead.close()
-            if self.warm is not None:
-                self.warm.close()
+            self.executor.close()
         seconds = time.perf_counter() - self._t0
         result = BuildResult(self.config.name, self.options.target, self.options.out, rows)
         result.entries, result.seconds = dict(self.entries), seconds
@@ -229,10 +224,6 @@ class Runner:
     def _start_and_execute(self, stage: Stage, parts: Parts | None,
                            key: str) -> tuple[Entry, str, int | None]:
         self.display.started(stage.name)
-        if not self.options.in_process:
-            # Note: started by the first stage that runs, not at the start: a no-op recompile
-            # starts nothing and looks up nothing (pipeline/prebuild.py).
-            self.ahead.start(self._still_to_come(stage), self.code)
         return self._execute(stage, parts, key)
 
     def _execute(self, stage: Stage, parts: Parts | None, key: str) -> tuple[Entry, str, int | None]:
@@ -245,14 +236,7 @@ class Runner:
             def progress(done: int, total: int, what: str) -> None:
                 self.display.progress(stage.name, done, total, what)
 
-            warm = None
-            if self.warm is not None:
-                following = self._following(stage)
-                if following is not None:
-                    self.warm.start(following)
-                warm = self.warm.take(stage)
-            outcome = execute_stage(stage, self.config, self.options, inputs, folder, self.store, progress,
-                                    warm, self.code(stage))
+            outcome = self.executor.run(self._job(stage, inputs, folder), progress)
             seconds = time.perf_counter() - t0
             for warning in outcome.warnings:
                 self.store.warn(warning)
@@ -275,3 +259,20 @@ class Runner:
             }
             entry = self.store.commit(folder, stage.name, key, meta, artifacts)
         return entry, "ran", outcome.peak_rss
+
+    def _job(self, stage: Stage, inputs: dict[str, str], folder: Path) -> StageJob:
+        """What the stage receives (contract/job.py): only what it declared, facts measured here."""
+        return StageJob(
+            stage=stage.name,
+            model=self.config.name,
+            inputs=inputs,
+            config={name: self.config.job_value(name) for name in stage.config},
+            env={fact: env_fact(fact, self.options.target) for fact in stage.env},
+            out=str(folder),
+            project_root=str(self.config.project_root),
+            store_root=str(self.store.root),
+            entry=stage.entry or "",
+            code=self.code(stage),
+            live=self.options.live,
+            lease=str(self.store.lease.path) if self.store.lease is not None else "",
+        )

@@ -1,6 +1,6 @@
 """Stage workers started ahead of their stage, their entry module already imported.
 
-Note: every stage runs in a fresh worker process (pipeline/execute.py), and a worker's first
+Note: every stage runs in a worker process of its own (pipeline/workers.py), and a worker's first
 seconds go to imports: lower's are torch's, ~2-3 s. While a stage runs, the runner starts the
 next stage's worker, which imports that stage's entry module and waits on its stdin for a
 control folder. If the next stage does run, it takes that worker and the imports are already
@@ -61,22 +61,21 @@ class WarmWorkers:
                                     env=worker_env())
         self._waiting[stage.name] = WarmWorker(proc, log)
 
-    def take(self, stage: Stage) -> WarmWorker | None:
+    def take(self, stage: str) -> WarmWorker | None:
         """The stage's waiting worker, if it is still alive; it is the caller's from now on."""
-        warm = self._waiting.pop(stage.name, None)
+        warm = self._waiting.pop(stage, None)
         if warm is None:
             return None
         if warm.proc.poll() is not None:  # it died while waiting: start a fresh one instead
             _stop(warm)
             return None
-        self.taken.append(stage.name)
+        self.taken.append(stage)
         return warm
 
-    def discard(self, stage: Stage) -> None:
-        """The stage did not run: its waiting worker exits."""
-        warm = self._waiting.pop(stage.name, None)
-        if warm is not None:
-            _stop(warm)
+    def keep_only(self, stages: set[str]) -> None:
+        """The workers waiting for any other stage exit (it was found in the cache)."""
+        for name in [name for name in self._waiting if name not in stages]:
+            _stop(self._waiting.pop(name))
 
     def close(self) -> None:
         for name in list(self._waiting):

@@ -11,16 +11,30 @@ import ctypes
 import importlib
 import json
 import os
+import resource
 import signal
 import sys
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, cast
 
 from contract.errors import KilnError
 from contract.job import StageJob
-from pipeline.execute import load_entry, peak_rss_self
+
+StageFn = Callable[[StageJob], Mapping[str, Any]]
 
 _PR_SET_PDEATHSIG = 1
+
+
+def load_entry(entry: str) -> StageFn:
+    module_name, fn_name = entry.split(":")
+    module = importlib.import_module(module_name)  # codedeps: a stage's entry, in that stage's key
+    return cast(StageFn, getattr(module, fn_name))
+
+
+def peak_rss_self() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _die_with_parent() -> None:

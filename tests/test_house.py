@@ -1,8 +1,9 @@
 """The house: which of kiln's packages may import which (README, "The house").
 
 Data flows cache -> contract -> tasks -> pipeline -> kiln -> bench -> cli; a package imports
-only some of those before it (the benchmarks only the public API; the engine no stage). Checked two ways: statically, every import statement in every file (a function's
-own imports too), and by importing every stage module in one process and looking at what loaded.
+only some of those before it (the benchmarks only the public API; the engine no stage).
+Checked two ways: statically, every import statement in every file (a function's own imports
+too), and by importing every stage module in one process and looking at what loaded.
 """
 
 from __future__ import annotations

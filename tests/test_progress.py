@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from contract.job import StageJob
-from pipeline.execute import _spawn
+from pipeline.workers import _spawn
 
 
 def test_a_job_in_process_reports_nothing_and_fails_nothing(tmp_path: Path) -> None:

@@ -160,7 +160,7 @@ def warm_pools(monkeypatch: pytest.MonkeyPatch) -> list[WarmWorkers]:
             super().__init__(target, tmp)
             made.append(self)
 
-    monkeypatch.setattr("pipeline.runner.WarmWorkers", Recording)
+    monkeypatch.setattr("pipeline.workers.WarmWorkers", Recording)
     return made
 
 

@@ -1,0 +1,144 @@
+"""The worker-process executors: each stage in a fresh worker process, or (the default) in a
+worker started ahead of it while the stage before it ran (pipeline/warm.py).
+
+Note: a stage that runs goes to a worker process. The runner itself never imports torch, so a
+compile whose stages are all cached starts and finishes in well under a second; each worker's
+peak RSS is that stage's own; and a stage that crashes (or is killed) takes only its worker
+down, leaving the runner to report it and the cache untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from cache.store import Store
+from contract.errors import KilnError
+from contract.job import StageJob
+from pipeline.executor import CodeDigest, InProcessExecutor, Outcome, Progress
+from pipeline.prebuild import Prebuilds
+from pipeline.stages import Stage
+from pipeline.warm import WarmWorker, WarmWorkers, worker_env
+
+
+class WorkerExecutor(InProcessExecutor):
+    """Each stage in a fresh worker process; items built ahead as in process."""
+
+    def __init__(self, store: Store, code: CodeDigest) -> None:
+        super().__init__(Prebuilds(store), code)
+
+    def run(self, job: StageJob, on_progress: Progress | None = None) -> Outcome:
+        self.start_ahead()
+        return run_in_worker(job, on_progress, self.take_warm(job.stage))
+
+    def take_warm(self, stage: str) -> WarmWorker | None:
+        return None
+
+
+class WarmWorkerExecutor(WorkerExecutor):
+    """Each stage in a worker started while the stage before it ran, its imports done."""
+
+    def __init__(self, store: Store, target: str, code: CodeDigest) -> None:
+        super().__init__(store, code)
+        self.pool = WarmWorkers(target, store.tmp)
+
+    def prepare(self, upcoming: tuple[Stage, ...]) -> None:
+        super().prepare(upcoming)
+        self.pool.keep_only({stage.name for stage in upcoming})
+
+    def take_warm(self, stage: str) -> WarmWorker | None:
+        if len(self.upcoming) > 1:
+            self.pool.start(self.upcoming[1])
+        return self.pool.take(stage)
+
+    def close(self) -> None:
+        super().close()
+        self.pool.close()
+
+
+def run_in_worker(job: StageJob, on_progress: Progress | None, warm: WarmWorker | None = None) -> Outcome:
+    """Run the job in `warm` (a worker started ahead of it) or in a fresh worker process."""
+    return _in_worker(job, job.out_dir, on_progress, warm)
+
+
+def _in_worker(job: StageJob, folder: Path, on_progress: Progress | None,
+               warm: WarmWorker | None) -> Outcome:
+    control = folder.parent / f"{folder.name}.job"
+    try:
+        control.mkdir()
+        job = replace(job, progress_file=str(control / "progress.json"))
+        (control / "job.json").write_text(job.to_json())
+        if warm is None:
+            _spawn(control, on_progress)
+            return _read_result(job.stage, control, control / "log.txt")
+        _hand_over(warm, control, on_progress)
+        return _read_result(job.stage, control, warm.log)
+    except BaseException:
+        if warm is not None and warm.proc.poll() is None:  # never handed over, or still running
+            warm.proc.kill()
+            warm.proc.wait()
+        raise
+    finally:
+        shutil.rmtree(control, ignore_errors=True)
+
+
+def _spawn(control: Path, on_progress: Progress | None) -> None:
+    cmd = [sys.executable, "-m", "pipeline.worker", str(control)]
+    with (control / "log.txt").open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env())
+        _wait(proc, control, on_progress)
+
+
+def _hand_over(warm: WarmWorker, control: Path, on_progress: Progress | None) -> None:
+    """Give a waiting worker its control folder, then wait for it as for a fresh one."""
+    assert warm.proc.stdin is not None
+    try:
+        warm.proc.stdin.write(f"{control}\n".encode())
+        warm.proc.stdin.close()
+    except OSError:  # it died just now: _read_result reports the crash with its log
+        pass
+    _wait(warm.proc, control, on_progress)
+
+
+def _wait(proc: subprocess.Popen[bytes], control: Path, on_progress: Progress | None) -> None:
+    try:
+        while proc.poll() is None:
+            try:
+                proc.wait(timeout=0.25)
+            except subprocess.TimeoutExpired:
+                _relay_progress(control / "progress.json", on_progress)
+    except BaseException:
+        # Ctrl-C or a kill of the runner: take the worker down with us.
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+def _relay_progress(path: Path, on_progress: Progress | None) -> None:
+    if on_progress is None or not path.is_file():
+        return
+    try:
+        done, total, what = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    on_progress(int(done), int(total), str(what))
+
+
+def _read_result(stage: str, control: Path, log_file: Path) -> Outcome:
+    try:
+        result = json.loads((control / "result.json").read_text())
+    except (OSError, ValueError):
+        log = log_file.read_text(errors="replace")[-4000:]
+        raise KilnError(
+            f"stage {stage} crashed (its worker process died without a result)",
+            "rerun with --debug to see its output",
+        ).with_detail(log) from None
+    if not result["ok"]:
+        err = result["error"]
+        raise KilnError(err["message"], err.get("hint", "")).with_detail(err.get("detail", ""))
+    return Outcome(result["notes"], result["peak_rss"], tuple(result.get("warnings", ())))

@@ -39,6 +39,30 @@ def gpu_name() -> str:
     return _first_gpu()[0] if gpu_visible() else "none"
 
 
+def machine_facts(target: str) -> dict[str, int]:
+    """How much of this machine a stage may spread its work over: its cores, and for the cuda
+    target the GPUs it may use. Measured by the engine once per build and handed to the stages
+    in their job (a stage reads no environment).
+
+    Note: not key parts. They set how a stage spreads its work (how many compilers run at once,
+    how many GPUs tune side by side), never what it writes: a kernel's winner depends on the
+    model of GPU (the `gpu` fact, keyed), not on how many of them tuned. Keying them would make
+    a cache built on a 16-core machine useless on a 2-core one for identical bytes.
+    """
+    return {"cores": len(os.sched_getaffinity(0)), "gpus": gpu_count() if target == "cuda" else 0}
+
+
+def gpu_count() -> int:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES's entries, else every GPU the driver
+    lists; 0 without one."""
+    if not gpu_visible():
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return len([d for d in visible.split(",") if d.strip()])
+    return max(1, len(list(Path("/proc/driver/nvidia/gpus").glob("*"))))
+
+
 def default_target() -> str:
     return "cuda" if gpu_visible() else "cpu"
 
@@ -82,8 +106,6 @@ def env_fact(name: str, target: str) -> str:
     """The value of one named environment fact, for keys and for `explain`."""
     if name == "python":
         return platform.python_version()
-    if name == "target":
-        return target
     if name == "cxx":
         return cxx_fact()
     if name == "triton":  # only the cuda target's kernels are Triton's

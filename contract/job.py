@@ -28,6 +28,12 @@ class StageJob:
     # A digest of all of kiln's code the stage runs (its code:* key parts): the key part of any
     # item the stage makes inside itself (a kernel's tuning, the runtime objects).
     code: str = ""
+    # The target the build is for (cpu, cuda): a build parameter, in the key of every stage that
+    # declares it depends on it (Stage.by_target); tasks/targets picks its backend by it.
+    target: str = ""
+    # What the engine measured of the machine for this build (contract.facts.machine_facts):
+    # "cores", "gpus". Not key parts: they spread work, they never change an artifact.
+    machine: dict[str, int] = field(default_factory=dict)
     # An in-memory model handed to pipeline.compile(); never serialized. Only trace reads it.
     live: Any = field(default=None, compare=False)
     # Where a stage in a worker process reports progress for the live display ("" in process).

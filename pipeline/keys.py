@@ -40,8 +40,11 @@ def static_parts(
     """The parts every stage has; `inputs` maps "stage/artifact" to its digest. `scans` keeps
     the import scans of kiln's files between processes (pipeline.codedeps)."""
     parts: Parts = {"stage": stage.name}
-    if stage.entry is not None:
-        parts.update(code_parts(stage.entry, store=scans))
+    if stage.by_target:
+        parts["target"] = target
+    entry = stage.entry_for(target)
+    if entry is not None:
+        parts.update(code_parts(entry, store=scans))
     for name in stage.config:
         parts[f"config.{name}"] = digest_json(config.field(name))[:16]
     for fact in stage.env:

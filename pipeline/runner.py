@@ -19,7 +19,7 @@ from cache.records import Records
 from cache.store import Artifact, Entry, Store, scan_artifacts
 from contract.config import ModelConfig
 from contract.errors import KilnError
-from contract.facts import env_fact
+from contract.facts import env_fact, machine_facts
 from contract.job import StageJob
 from contract.keys import KeyContext, Parts
 from pipeline.codedeps import stage_code_digest
@@ -92,6 +92,7 @@ class Runner:
         self.entries: dict[str, Entry] = {}
         self.touched: set[str] = set()  # stages that ran, or were cut off below one that ran
         self._t0 = 0.0
+        self.machine = machine_facts(options.target)
         self.executor: Executor = executor_for(
             store, options.target, self.code, in_process=options.in_process, live=options.live is not None)
 
@@ -170,7 +171,8 @@ class Runner:
 
     def code(self, stage: Stage) -> str:
         """The digest of all the code the stage runs (what its job's items are keyed by)."""
-        return stage_code_digest(stage.entry, scans=self.records) if stage.entry else ""
+        entry = stage.entry_for(self.options.target)
+        return stage_code_digest(entry, scans=self.records) if entry else ""
 
     def probe(self, stage: Stage, *, forced: bool = False) -> tuple[Parts | None, str, Entry | None]:
         """The stage's key parts, its key and its cached entry (None if missing or forced);
@@ -271,8 +273,10 @@ class Runner:
             out=str(folder),
             project_root=str(self.config.project_root),
             store_root=str(self.store.root),
-            entry=stage.entry or "",
+            entry=stage.entry_for(self.options.target) or "",
             code=self.code(stage),
+            target=self.options.target,
+            machine=self.machine,
             live=self.options.live,
             lease=str(self.store.lease.path) if self.store.lease is not None else "",
         )

@@ -19,7 +19,10 @@ class Stage:
     reads: tuple[str, ...] = ()  # "stage/artifact" of earlier stages; their digests join the key
     config: tuple[str, ...] = ()  # dotted config fields the stage reads
     env: tuple[str, ...] = ()  # environment facts (see contract.facts)
-    entry: str | None = None  # "module:function" running the stage; None: not built yet
+    by_target: bool = False  # the build's target (cpu, cuda) is a part of the key
+    # "module:function" running the stage; None: not built yet. A stage by target names its
+    # target's entry with "{target}" (tasks/targets: each target supplies its own).
+    entry: str | None = None
     keys: str | None = None  # "module" with key_parts()/remember() for dynamic key parts
     prebuild: str | None = None  # "module" building a model-independent item ahead (pipeline/prebuild.py)
     publish: tuple[str, ...] = ()  # artifacts copied into the build folder ("dir/" for a folder)
@@ -37,6 +40,10 @@ class Stage:
 
     def built_for(self, target: str) -> bool:
         return self.built and target in self.targets
+
+    def entry_for(self, target: str) -> str | None:
+        """The entry that runs this stage for `target`."""
+        return None if self.entry is None else self.entry.format(target=target)
 
 
 TRACE_CONFIG = (
@@ -75,32 +82,36 @@ STAGES: tuple[Stage, ...] = (
         "gen-tuning-code",
         "one source file per kernel and a standalone tune.py",
         reads=("schedule/schedule.json",),
-        env=("target", "cxx", "isa", "triton"),
-        entry="tasks.gen_tuning.stage:run",
+        env=("cxx", "isa", "triton"),
+        by_target=True,
+        entry="tasks.targets.{target}.kernels:run",
         publish=("tune.py", "kernels.json", "kernels/"),
     ),
     Stage(
         "autotune",
         "tune every kernel on random inputs; compile the winners",
         reads=("gen-tuning-code/kernels.json",),
-        env=("target", "cxx", "isa", "gpu", "arch", "ptxas", "triton", "torch"),
-        entry="tasks.autotune.stage:run",
+        env=("cxx", "isa", "gpu", "arch", "ptxas", "triton", "torch"),
+        by_target=True,
+        entry="tasks.targets.{target}.autotune:run",
         publish=("timings.json",),
     ),
     Stage(
         "gen-cpp",
         "the C++ wrapper that runs the schedule",
         reads=("schedule/schedule.json", "autotune/tuning.json", "lower/signature.json"),
-        env=("target", "isa"),
-        entry="tasks.gen_cpp.stage:run",
+        env=("isa",),
+        by_target=True,
+        entry="tasks.targets.{target}.launch:run",
         publish=("model.json",),
     ),
     Stage(
         "link",
         "model.so against kiln_model.h and torch's stable C shim",
         reads=("gen-cpp/wrapper.cpp", "autotune/tuning.json"),
-        env=("target", "cxx", "torch", "isa"),
-        entry="tasks.link.stage:run",
+        env=("cxx", "torch", "isa"),
+        by_target=True,
+        entry="tasks.targets.{target}.link:run",
         prebuild="tasks.link.runtime",
         publish=("model.so", "kiln_model.h"),
     ),

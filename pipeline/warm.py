@@ -51,12 +51,13 @@ class WarmWorkers:
         self.taken: list[str] = []  # the stages that ran in a worker started ahead (for tests)
 
     def start(self, stage: Stage) -> None:
-        if stage.entry is None or stage.name in self._waiting:
+        entry = stage.entry_for(self.target)
+        if entry is None or stage.name in self._waiting:
             return
         self._logs.mkdir(parents=True, exist_ok=True)
         log = self._logs / f"{stage.name}.log"
         with log.open("wb") as out:
-            cmd = [sys.executable, "-m", "pipeline.worker", "--warm", stage.entry, self.target]
+            cmd = [sys.executable, "-m", "pipeline.worker", "--warm", entry, self.target]
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                     env=worker_env())
         self._waiting[stage.name] = WarmWorker(proc, log)

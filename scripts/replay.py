@@ -37,9 +37,9 @@ TARGETS = ("cpu", "cuda")
 COMPARED = ("trace", "lower", "schedule", "gen-tuning-code", "gen-cpp")
 NOT_ARTIFACTS = ("meta.json", ".verified.json")
 # Where each target's tuner decides, given timings (moves with the tuner; data is compared).
-DECIDERS = {"cpu": "tasks.tune.cpu_tune:decide", "cuda": "tasks.tune.cuda_tune:decide"}
+DECIDERS = {"cpu": "tasks.targets.cpu.tune:decide", "cuda": "tasks.targets.cuda.tune:decide"}
 # Variant labels of a kernels.json entry, per target (the cuda tuner tries configs per variant).
-LABELS = {"cpu": "tasks.tune.cpu_tune:labels", "cuda": "tasks.tune.cuda_tune:labels"}
+LABELS = {"cpu": "tasks.targets.cpu.tune:labels", "cuda": "tasks.targets.cuda.tune:labels"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 def replay(model: str, target: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kiln-replay-") as tmp:
         out = Path(tmp) / "build"
-        command = [str(Path(sys.executable).parent / "kiln"), "--cache-dir", str(Path(tmp) / "cache"),
+        command = [sys.executable, "-m", "kiln", "--cache-dir", str(Path(tmp) / "cache"),
                    "compile", model, "--target", target, "--until", "gen-cpp", "--out", str(out), "--quiet"]
         done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True)
         if done.returncode != 0:

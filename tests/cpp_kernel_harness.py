@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.toolchain import host_isa
 from tasks.codegen.cpp_build import build_shared
 from tasks.codegen.cpp_kernel import CpuVariant, function_name, kernel_source
 from tasks.codegen.inputs import index_bounds
@@ -42,7 +43,7 @@ def run_cpp(k: Kernel, variant: CpuVariant, tensors: dict[str, torch.Tensor]) ->
     with tempfile.TemporaryDirectory() as tmp:
         src, lib_path = Path(tmp) / f"{k.name}.cpp", Path(tmp) / f"{k.name}.so"
         src.write_text(kernel_source(k, variant))
-        build_shared(src, lib_path)
+        build_shared(src, lib_path, host_isa())
         lib = ctypes.CDLL(str(lib_path))
         args = [ctypes.c_void_p(tensors[p.buffer].data_ptr()) for p in k.params]
         getattr(lib, function_name(k))(*args)

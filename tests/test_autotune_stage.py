@@ -66,8 +66,9 @@ def test_the_cuda_target_builds_and_links_through_the_cli(project: Path, tmp_pat
 def test_stages_after_lower_start_without_torch() -> None:
     """Each stage runs in a fresh worker, and importing torch costs that worker seconds: only
     trace and lower need it (the CPU tuner imports it when it runs, the cuda one never)."""
-    entries = ["tasks.schedule.stage", "tasks.gen_tuning.stage", "tasks.autotune.stage",
-               "tasks.autotune.cuda", "tasks.gen_cpp.stage", "tasks.link.stage"]
+    entries = ["tasks.schedule.stage", "tasks.targets.cpu.kernels", "tasks.targets.cuda.kernels",
+               "tasks.targets.cuda.autotune", "tasks.targets.cpu.launch", "tasks.targets.cuda.launch",
+               "tasks.targets.cpu.link", "tasks.targets.cuda.link"]
     code = (f"import importlib, sys; [importlib.import_module(m) for m in {entries!r}]; "
             "print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -18,6 +18,7 @@ from contract.config import PROJECT_ROOT
 from pipeline import codedeps, codescan
 from pipeline.codescan import Scan
 from pipeline.stages import STAGES
+from tasks.targets import TARGETS
 
 KILN_DIRS = ("cache", "contract", "tasks", "pipeline", "kiln", "cli", "runtime", "bench", "scripts")
 RUNTIME_READERS = {"runtime/kiln_cpu.h": {"gen-tuning-code", "link"}}  # besides link, for every file
@@ -30,9 +31,13 @@ def _copy_tree(dest: Path) -> Path:
     return dest.resolve()
 
 
-def _stage_parts(root: Path) -> dict[str, dict[str, str]]:
+def _entries(target: str = "cpu") -> dict[str, str]:
+    return {s.name: entry for s in STAGES if (entry := s.entry_for(target))}
+
+
+def _stage_parts(root: Path, target: str = "cpu") -> dict[str, dict[str, str]]:
     codedeps.forget_files()
-    return {s.name: codedeps.code_parts(s.entry, root) for s in STAGES if s.entry}
+    return {name: codedeps.code_parts(entry, root) for name, entry in _entries(target).items()}
 
 
 def _imported_files(root: Path) -> dict[str, set[str]]:
@@ -51,10 +56,8 @@ for stage, module in json.loads(sys.argv[2]).items():
 print(json.dumps(found))
 """
     result = {}
-    for stage in STAGES:
-        if stage.entry is None:
-            continue
-        entries = json.dumps({stage.name: stage.entry.partition(":")[0]})
+    for name, entry in _entries().items():
+        entries = json.dumps({name: entry.partition(":")[0]})
         proc = subprocess.run([sys.executable, "-c", script, str(root), entries], cwd=root,
                               capture_output=True, text=True, check=True)
         result.update({k: set(v) for k, v in json.loads(proc.stdout).items()})
@@ -113,7 +116,7 @@ def test_runtime_headers_reach_only_the_stages_that_compile_or_copy_them(tree: P
         assert not [p for p in parts[stage] if p.startswith("code:runtime/")], stage
     runtime = {f"code:runtime/{p.name}" for p in (tree / "runtime").iterdir() if p.is_file()}
     assert runtime <= set(parts["link"])
-    assert "code:tasks/tune/cpu_tune.py" in parts["gen-tuning-code"]  # copied as tune.py, never imported
+    assert "code:tasks/targets/cpu/tune.py" in parts["gen-tuning-code"]  # copied as tune.py, never imported
 
 
 def test_scans_are_kept_by_digest_between_processes(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,9 +172,9 @@ def test_every_path_in_stage_code_is_followed() -> None:
     import_module(variable)) would run code or read files no key names, unless its line says
     why not with a `# codedeps:` comment."""
     unfollowed = {}
-    for stage in STAGES:
-        if stage.entry is not None:
-            unfollowed.update(codedeps.closure_of(stage.entry.partition(":")[0]).unfollowed)
+    for target in TARGETS:
+        for entry in _entries(target).values():
+            unfollowed.update(codedeps.closure_of(entry.partition(":")[0]).unfollowed)
     unfollowed.update(codedeps.closure_of(codedeps.STAGE_HOST).unfollowed)
     assert unfollowed == {}
 
@@ -256,20 +259,24 @@ def test_a_scan_depends_on_where_the_file_is(tmp_path: Path) -> None:
     assert "p1/h.py" not in codedeps.code_closure("p2.m", root)
 
 
-ITEM_CODE = {"autotune": ("tasks/tune/cpu_tune.py", "tasks/tune/cuda_tune.py", "tasks/autotune/cuda.py"),
-             "link": ("tasks/link/runtime.py", "runtime/kiln_safetensors.h")}  # stage -> files its items need
+# (stage, target) -> the files its items need, and one of the other target's it must not
+ITEM_CODE = {("autotune", "cpu"): ("tasks/targets/cpu/tune.py", "tasks/targets/cuda/tune.py"),
+             ("autotune", "cuda"): ("tasks/targets/cuda/tune.py", "tasks/targets/cpu/tune.py"),
+             ("link", "cpu"): ("tasks/link/runtime.py", "tasks/targets/cuda/link.py"),
+             ("link", "cuda"): ("runtime/kiln_safetensors.h", "tasks/targets/cpu/link.py")}
 
 
-@pytest.mark.parametrize("stage", sorted(ITEM_CODE))
-def test_the_code_digest_items_are_keyed_by_covers_the_code_that_makes_them(tree: Path, stage: str) -> None:
+@pytest.mark.parametrize(("stage", "target"), sorted(ITEM_CODE))
+def test_the_code_digest_items_are_keyed_by_covers_the_code_that_makes_them(tree: Path, stage: str,
+                                                                             target: str) -> None:
     """A kernel's tuning and kiln's runtime objects are cache items of their own, keyed by the
     stage's code digest (StageJob.code): an edit of the tuner or of a runtime header must change
-    it, an edit of a stage it does not run must not."""
-    entry = next(s.entry for s in STAGES if s.name == stage)
-    assert entry is not None
+    it, an edit of a stage it does not run, or of another target's code, must not."""
+    entry = _entries(target)[stage]
     codedeps.clear_memo()
     before = codedeps.stage_code_digest(entry, tree)
-    for rel, changes in [*((r, True) for r in ITEM_CODE[stage]), ("tasks/lower/stage.py", False)]:
+    needed, other_target = ITEM_CODE[(stage, target)]
+    for rel, changes in [(needed, True), (other_target, False), ("tasks/lower/stage.py", False)]:
         path = tree / rel
         original = path.read_bytes()
         path.write_bytes(original + b"\n")

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tasks.gen_tuning import cpu
+from contract.toolchain import host_isa
+from tasks.targets.cpu import kernels as cpu
 from tests.conftest import python_path
 from tests.cpp_kernel_harness import needs_cxx
 from tests.schedule_harness import compile_fn
@@ -32,7 +33,7 @@ def _block_model() -> torch.nn.Module:
 @needs_cxx
 def test_tune_py_runs_standalone_and_picks_a_checked_variant(tmp_path: Path) -> None:
     c = compile_fn(_block_model(), torch.randn(16, 64))
-    spec = cpu.write(c.schedule, tmp_path)
+    spec = cpu.write(c.schedule, tmp_path, host_isa())
     assert len(spec["kernels"]) == 1  # three identical layers: one kernel to tune
     assert spec["kernels"][0]["names"] == [k.name for k in c.schedule.kernels]
     proc = subprocess.run([sys.executable, str(tmp_path / "tune.py"), "--repeat", "3"], capture_output=True,
@@ -46,10 +47,10 @@ def test_tune_py_runs_standalone_and_picks_a_checked_variant(tmp_path: Path) -> 
 
 @needs_cxx
 def test_a_broken_or_wrong_variant_scores_infinity(tmp_path: Path) -> None:
-    from tasks.tune.cpu_tune import tune_kernel
+    from tasks.targets.cpu.tune import tune_kernel
 
     c = compile_fn(lambda x: torch.softmax(x, -1), torch.randn(8, 33))
-    spec = cpu.write(c.schedule, tmp_path)
+    spec = cpu.write(c.schedule, tmp_path, host_isa())
     entry = spec["kernels"][0]
     folder = tmp_path / "kernels"
     wrong, broken = entry["variants"][1], entry["variants"][2]

@@ -99,7 +99,7 @@ def test_a_new_layer_tunes_only_its_new_kernels_on_the_gpu(cache: Cache, tmp_pat
 def test_the_faster_reduction_variant_wins(cache: Cache, tmp_path: Path) -> None:
     """For each reduction whose persistent and looped variants differ by more than 5% (timed
     again here, directly), the one tuning chose is the faster."""
-    from tasks.tune import cuda_tune
+    from tasks.targets.cuda import tune as cuda_tune
 
     result = compile_model(load_config("bert"), BuildOptions("cuda", tmp_path / "bert"), cache)
     records = json.loads(result.entries["autotune"].file("timings.json").read_text())
@@ -148,7 +148,7 @@ def test_precompile_compiles_candidates_into_triton_cache_without_a_gpu(
         cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """tune.py's --precompile mode (run beside the tuning workers) needs no GPU and fills
     triton's cache with the very compile tuning then looks up (a cache hit: nothing new)."""
-    from tasks.tune import cuda_tune
+    from tasks.targets.cuda import tune as cuda_tune
 
     result = compile_model(load_config("mlp"), BuildOptions("cuda", tmp_path / "mlp"), cache)
     folder = result.entries["gen-tuning-code"].path
@@ -177,7 +177,7 @@ def test_the_launch_signature_follows_the_function_argument_order() -> None:
     from types import SimpleNamespace
     from unittest import mock
 
-    from tasks.tune import cuda_tune
+    from tasks.targets.cuda import tune as cuda_tune
 
     entry = {"signature": {"RBLOCK": "constexpr", "XBLOCK": "constexpr", "in0": "*fp32", "out0": "*fp32",
                            "rnumel": "i32", "xnumel": "i32"}, "xnumel": 64, "rnumel": 1}
@@ -200,7 +200,7 @@ def test_the_launch_signature_follows_the_function_argument_order() -> None:
 
 
 def test_cubins_assume_aligned_pointers_and_say_which_ints_divide_by_16() -> None:
-    from tasks.tune.cuda_tune import compile_attrs
+    from tasks.targets.cuda.tune import compile_attrs
 
     # kernels.json keeps the signature's keys sorted; positions come from the function
     entry = {"signature": {"RBLOCK": "constexpr", "XBLOCK": "constexpr", "in0": "*fp32", "out0": "*fp16",
@@ -215,7 +215,7 @@ def test_arguments_a_compile_folded_are_recorded_for_the_wrapper() -> None:
     """The JIT folds an int equal to 1 (a pointwise kernel's rnumel): the cubin lacks it."""
     from types import SimpleNamespace
 
-    from tasks.tune.cuda_tune import _folded_arguments
+    from tasks.targets.cuda.tune import _folded_arguments
 
     fn = SimpleNamespace(arg_names=["in0", "out0", "xnumel", "rnumel", "XBLOCK", "RBLOCK"])
     kernel = SimpleNamespace(src=SimpleNamespace(fn=fn, constants={(3,): 1, (4,): 1024, (5,): 1}))

@@ -32,7 +32,7 @@ def test_the_compiler_the_key_names_is_the_one_that_builds(tmp_path: Path,
     assert compiler() == str(tmp_path / "my-cxx")
     source = tmp_path / "k.cpp"
     source.write_text('extern "C" int kiln_answer() { return 42; }\n')
-    build_shared(source, tmp_path / "k.so")
+    build_shared(source, tmp_path / "k.so", toolchain.host_isa())
     assert marker.exists()
     assert (tmp_path / "k.so").is_file()
 

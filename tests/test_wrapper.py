@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from tasks.gen_cpp.wrapper import wrapper_source
+from tasks.targets.cpu.launch import CpuLauncher
+from tasks.targets.cuda.launch import CudaLauncher
 from tests.schedule_harness import compile_fn
 
 GOLDEN = Path(__file__).parent / "golden" / "wrapper"
@@ -73,8 +75,8 @@ CASES: dict[str, tuple[Callable[..., Any] | torch.nn.Module, tuple[torch.Tensor,
 def test_golden_wrappers(name: str) -> None:
     fn, inputs = CASES[name]
     schedule = compile_fn(fn, *inputs).schedule
-    text = wrapper_source(schedule)
-    assert wrapper_source(schedule) == text  # the same bytes run to run
+    text = wrapper_source(schedule, CpuLauncher())
+    assert wrapper_source(schedule, CpuLauncher()) == text  # the same bytes run to run
     path = GOLDEN / f"{name}.cpp"
     if os.environ.get("KILN_UPDATE_GOLDEN") or not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +105,7 @@ def test_golden_cuda_wrappers(name: str) -> None:
     the cpu target."""
     fn, inputs = CASES[name]
     schedule = compile_fn(fn, *inputs).schedule
-    text = wrapper_source(schedule, "cuda", "x86-64", _default_decisions(schedule))
+    text = wrapper_source(schedule, CudaLauncher(_default_decisions(schedule)), "x86-64")
     assert "kiln::launch(ctx" in text or not schedule.kernels
     path = GOLDEN / f"{name}.cuda.cpp"
     if os.environ.get("KILN_UPDATE_GOLDEN") or not path.exists():

@@ -6,7 +6,7 @@ import importlib.util
 import subprocess
 from pathlib import Path
 
-from contract.toolchain import cxx, host_isa, kernel_flags
+from contract.toolchain import cxx, kernel_flags
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 TORCH_LIBS = ("-ltorch_cpu", "-lc10")
@@ -39,9 +39,11 @@ def run_compiler(cmd: list[str], cwd: Path | None = None) -> None:
         raise RuntimeError(f"{' '.join(cmd[:1] + cmd[-3:])} failed:\n{proc.stderr[-4000:]}")
 
 
-def build_shared(source: Path, out: Path, include: tuple[Path, ...] = ()) -> None:
+def build_shared(source: Path, out: Path, isa: str, include: tuple[Path, ...] = ()) -> None:
+    """A kernel source built into a shared library for `isa` (an x86-64 level; the engine's
+    `isa` fact measures the host's)."""
     includes = [f"-I{p}" for p in (RUNTIME, *include)]
-    cmd = [compiler(), *kernel_flags(host_isa()), *includes, str(source), "-o", str(out)]
+    cmd = [compiler(), *kernel_flags(isa), *includes, str(source), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"C++ build of {source.name} failed:\n{proc.stderr[-4000:]}")

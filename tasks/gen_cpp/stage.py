@@ -1,15 +1,16 @@
-"""The gen-cpp stage's entry: schedule.json (+ tuning decisions) -> wrapper.cpp and model.json."""
+"""The gen-cpp stage: schedule.json (+ tuning decisions) -> wrapper.cpp and model.json. Its entry
+is the target's (tasks/targets/*/launch.py), which supplies how a kernel is launched."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cache.hashing import pretty_json
 from contract.errors import KilnError
 from contract.job import StageJob
-from tasks.gen_cpp.wrapper import WrapperError, wrapper_source
+from tasks.gen_cpp.wrapper import Launcher, WrapperError, wrapper_source
 from tasks.ir.nodes import Buffer, BufferKind
 from tasks.schedule.model import Schedule, schedule_from
 
@@ -17,7 +18,9 @@ WRAPPER = "wrapper.cpp"
 MODEL_JSON = "model.json"  # inputs, outputs and output structure, for loaders and people
 
 
-def run(job: StageJob) -> Mapping[str, Any]:
+def run_with(job: StageJob, launcher_for: Callable[[Mapping[str, Any]], Launcher]) -> Mapping[str, Any]:
+    """The stage, with the target's launcher (made from autotune's decisions): each target's
+    gen-cpp entry (tasks/targets/*/launch.py) calls this."""
     schedule = schedule_from(json.loads(job.input("schedule/schedule.json").read_text()))
     tuning = json.loads(job.input("autotune/tuning.json").read_text())
     missing = sorted({k.key for k in schedule.kernels} - set(tuning))
@@ -25,13 +28,12 @@ def run(job: StageJob) -> Mapping[str, Any]:
         raise KilnError(f"model {job.model!r}: no tuning decision for kernel {missing[0][:16]}",
                         "autotune's output does not match the schedule; recompile with --force autotune")
     signature = json.loads(job.input("lower/signature.json").read_text())
-    target = job.env["target"]
     try:
-        source = wrapper_source(schedule, target, job.env["isa"], tuning if target == "cuda" else None)
+        source = wrapper_source(schedule, launcher_for(tuning), job.env["isa"])
     except WrapperError as err:
         raise KilnError(f"model {job.model!r}: {err}") from None
     (job.out_dir / WRAPPER).write_text(source)
-    (job.out_dir / MODEL_JSON).write_text(pretty_json(model_json(schedule, signature, target)))
+    (job.out_dir / MODEL_JSON).write_text(pretty_json(model_json(schedule, signature, job.target)))
     lines = source.count("\n")
     return {"lines": lines, "summary": f"{lines} lines of C++"}
 

@@ -24,10 +24,8 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from tasks.codegen.cpp_kernel import param_decl
-from tasks.codegen.triton_kernel import TritonVariant, grid, kernel_name, rnumel, tile_split, xnumel
 from tasks.ir.dtypes import DType
 from tasks.ir.nodes import Buffer, BufferKind, Extern, ExternOp, Fallback, View, contiguous_strides
 from tasks.schedule.model import (
@@ -48,8 +46,19 @@ class WrapperError(ValueError):
     pass
 
 
-def function_for(key: str) -> str:
-    return f"kiln_{key[:16]}"
+class Launcher(Protocol):
+    """What a target supplies to the wrapper (tasks/targets/*/launch.py): how a kernel runs."""
+
+    target: str
+
+    def call(self, k: Kernel, names: GraphNames, index: int) -> list[str]:
+        """The C++ lines that run kernel `k` (the `index`th distinct kernel, by first launch)."""
+
+    def prototypes(self, kernels: Mapping[str, Kernel]) -> list[str]:
+        """The extern "C" declarations the calls need."""
+
+    def table_rows(self, kernels: Mapping[str, Kernel]) -> list[str]:
+        """Rows of the kernel table the runtime loads at create (kiln::CubinKernel), if any."""
 
 
 @dataclass
@@ -80,8 +89,7 @@ class Layout:
 @dataclass
 class WrapperWriter:
     schedule: Schedule
-    target: str = "cpu"
-    tuning: Mapping[str, Any] = field(default_factory=dict)  # cuda: kernel key -> decision and launch facts
+    launcher: Launcher
     functions: list[list[str]] = field(default_factory=list)
     arenas: list[int] = field(default_factory=list)
     scratch: list[int] = field(default_factory=list)
@@ -120,27 +128,7 @@ class WrapperWriter:
 
     def kernel_call(self, k: Kernel, names: GraphNames) -> list[str]:
         self.kernels.setdefault(k.key, k)
-        if self.target == "cuda":
-            return self.launch(k, names)
-        args = [f"static_cast<{_pointer_type(p.spec, p.role)}>({names[p.buffer]})" for p in k.params]
-        return [f"// {k.name}: {', '.join(k.origins)}"[:120], f"{function_for(k.key)}({', '.join(args)});"]
-
-    def launch(self, k: Kernel, names: GraphNames) -> list[str]:
-        """A Triton kernel's launch: its arguments' addresses, in the cubin's signature order."""
-        decision = self.tuning.get(k.key)
-        if decision is None:
-            raise WrapperError(f"kernel {k.name} has no tuning decision")
-        index = self.kernel_index(k.key)
-        grid = launch_grid(k, decision)
-        folded = set(decision.get("launch", {}).get("folded", []))  # constants in the cubin: not passed
-        args = [f"&{names[p.buffer]}" for p in k.params if p.name not in folded]
-        args += [f"&n[{i}]" for i, name in enumerate(("xnumel", "rnumel")) if name not in folded]
-        sizes = f"{xnumel(k)}, {max(1, rnumel(k))}"
-        return [f"{{  // {k.name}: {', '.join(k.origins)}"[:120],
-                f"  int32_t n[] = {{{sizes}}};  // xnumel, rnumel",
-                f"  void* a[] = {{{', '.join(args)}}};",
-                f"  kiln::launch(ctx, {index}, {grid}, a, {len(args)});",
-                "}"]
+        return self.launcher.call(k, names, self.kernel_index(k.key))
 
     def kernel_index(self, key: str) -> int:
         """Kernels are numbered in the order of their first launch."""
@@ -307,11 +295,6 @@ def _with_layout(b: Buffer, lay: Layout) -> Buffer:
     return Buffer(b.name, lay.shape, lay.stride, lay.dtype, b.device)
 
 
-def _pointer_type(spec: Buffer, role: str) -> str:
-    decl = param_decl(spec, role)
-    return decl.split("*")[0].strip() + "*"
-
-
 def _call(index: int, args: Sequence[str], results: Sequence[str]) -> str:
     a = f"void* const a{index}[] = {{{', '.join(args) or 'nullptr'}}};"
     r = f"void* const r{index}[] = {{{', '.join(results) or 'nullptr'}}};"
@@ -420,32 +403,7 @@ def _table(ctype: str, name: str, rows: list[str]) -> list[str]:
     return [f"const {ctype} {name}[] = {{", *rows, "};"]
 
 
-def launch_grid(k: Kernel, decision: Mapping[str, Any]) -> int:
-    """Programs to launch for the tuned variant and config (tune.py's grid, the same formula)."""
-    name = decision["variant"]
-    variant = TritonVariant(name, tile_split(k) if name == "tiled" else 0)
-    facts = decision.get("launch", {})
-    if facts.get("global_scratch_size") or facts.get("profile_scratch_size"):
-        raise WrapperError(f"kernel {k.name} needs Triton scratch memory, which kiln's launcher lacks")
-    return grid(k, variant, decision["config"])[0]
-
-
-def cubin_symbol(key: str) -> str:
-    """The symbol link gives kernel `key`'s cubin (an .incbin of autotune's cubins/<key16>.cubin)."""
-    return f"kiln_cubin_{key[:16]}"
-
-
-def _kernel_table(w: WrapperWriter) -> list[str]:
-    rows = []
-    for key in (w.kernels if w.target == "cuda" else ()):
-        k, facts = w.kernels[key], w.tuning[key]["launch"]
-        rows.append(f"  {{{json.dumps(kernel_name(k))}, {cubin_symbol(key)}, {json.dumps(facts['name'])}, "
-                    f"{int(facts['num_warps'])}, {int(facts['shared'])}}},")
-    return _table("kiln::CubinKernel", "kKernels", rows)
-
-
-def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64",
-                   tuning: Mapping[str, Any] | None = None) -> str:
+def wrapper_source(schedule: Schedule, launcher: Launcher, isa: str = "x86-64") -> str:
     main = schedule.main
     users = [b for b in main.inputs if b.kind is not BufferKind.WEIGHT]
     weights = [b for b in main.inputs if b.kind is BufferKind.WEIGHT]
@@ -453,7 +411,7 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64",
         if b.stride != contiguous_strides(b.shape) and b.numel > 1:
             raise WrapperError(f"weight {b.name} has strides {b.stride}; weights files hold contiguous ones")
     order = {b.name: i for i, b in enumerate([*users, *weights])}
-    writer = WrapperWriter(schedule, target, tuning or {})
+    writer = WrapperWriter(schedule, launcher)
     writer.graph(main, [f"args[{order[b.name]}]" for b in main.inputs])
     produced = {b.name: b for b in main.buffers}
     outputs = [produced[name] for name in main.outputs]
@@ -466,7 +424,8 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64",
     lines += _table("kiln::TensorSpec", "kOutputs", outs)
     lines += [f"const size_t kArenas[] = {_ints(writer.arenas)};"]
     lines += _table("size_t", "kScratch", [f"  {n}," for n in writer.scratch])
-    lines += _kernel_table(writer)
+    kernel_rows = launcher.table_rows(writer.kernels)
+    lines += _table("kiln::CubinKernel", "kKernels", kernel_rows)
     counts = (len(users), len(weights), len(outputs), len(writer.arenas), len(writer.scratch), writer.views)
     lines += [
         "",
@@ -475,8 +434,8 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64",
         "namespace kiln {",
         "const Program program = {{kInputs, {}, kWeights, {}, kOutputs, {},".format(*counts[:3]),
         "                         kArenas, {}, kScratch, {}, {}, graph_0, {}, {},".format(
-            *counts[3:], json.dumps(target), json.dumps(isa)),
-        f"                         kKernels, {len(writer.kernels) if target == 'cuda' else 0}}};",
+            *counts[3:], json.dumps(launcher.target), json.dumps(isa)),
+        f"                         kKernels, {len(kernel_rows)}}};",
         "}  // namespace kiln",
         "",
     ]
@@ -485,11 +444,7 @@ def wrapper_source(schedule: Schedule, target: str = "cpu", isa: str = "x86-64",
 
 def _preamble(w: WrapperWriter) -> list[str]:
     """Includes, the kernels' prototypes and every graph function's declaration."""
-    if w.target == "cuda":
-        prototypes = [f"extern const unsigned char {cubin_symbol(key)}[];" for key in sorted(w.kernels)]
-    else:
-        prototypes = [f"void {function_for(key)}({', '.join(param_decl(p.spec, p.role) for p in k.params)});"
-                      for key, k in sorted(w.kernels.items())]
+    prototypes = w.launcher.prototypes(w.kernels)
     return [
         "// The wrapper of a model compiled by kiln (generated by tasks/gen_cpp; do not edit).",
         '#include "kiln_runtime.h"',

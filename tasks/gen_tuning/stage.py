@@ -1,24 +1,23 @@
-"""The gen-tuning-code stage's entry: schedule.json -> kernels/, kernels.json and tune.py."""
+"""The gen-tuning-code stage: schedule.json -> kernels/, kernels.json and tune.py. Its entry is
+the target's (tasks/targets/*/kernels.py), which writes the kernels."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from contract.job import StageJob
-from tasks.gen_tuning import cpu
 from tasks.schedule import model
 
 
-def run(job: StageJob) -> Mapping[str, Any]:
+def run_with(job: StageJob, write: Callable[[model.Schedule, Path], dict[str, Any]]) -> Mapping[str, Any]:
+    """The stage, with the target's writer: write(schedule, out) puts kernels/, kernels.json and
+    tune.py into out and returns kernels.json's data. Each target's gen-tuning-code entry
+    (tasks/targets/*/kernels.py) calls this."""
     schedule = model.schedule_from(json.loads(job.input("schedule/schedule.json").read_bytes()))
-    if job.env["target"] == "cuda":
-        from tasks.gen_tuning import cuda  # triton, only for this target
-
-        spec = cuda.write(schedule, job.out_dir)
-    else:
-        spec = cpu.write(schedule, job.out_dir, job.env["isa"])
+    spec = write(schedule, job.out_dir)
     variants = sum(len(k["variants"]) for k in spec["kernels"])
     return {"kernels": len(spec["kernels"]), "variants": variants,
             "summary": f"{len(spec['kernels'])} distinct kernels, {variants} variants"}

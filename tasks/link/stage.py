@@ -1,4 +1,5 @@
-"""The link stage's entry: wrapper.cpp + the kernels' objects + the runtime -> model.so.
+"""The link stage: wrapper.cpp + the kernels' objects + the runtime -> model.so. Its entry is
+the target's (tasks/targets/*/link.py), which supplies the kernels' objects.
 
 It compiles against kiln_model.h and torch's stable C shim only, never ATen's headers (a file
 that includes ATen takes 17 s to compile; the shim, a fraction of a second). The runtime's
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,18 +34,20 @@ MODEL_SO = "model.so"
 HEADER = "kiln_model.h"
 
 
-def run(job: StageJob) -> Mapping[str, Any]:
+KernelObjects = Callable[[Path, list[str], str, Path], tuple[list[Path], str]]
+
+
+def run_with(job: StageJob, kernel_objects: KernelObjects) -> Mapping[str, Any]:
+    """The stage, with the target's kernel objects: kernel_objects(autotune's folder, kernel keys,
+    compiler, tmp) gives the objects to link and how to name them in the report. Each target's
+    link entry (tasks/targets/*/link.py) calls this."""
     wrapper = job.input("gen-cpp/wrapper.cpp")
     tuning = job.input("autotune/tuning.json")
     keys = sorted(json.loads(tuning.read_text()))
     cxx = compiler()
     out = job.out_dir
     with tempfile.TemporaryDirectory() as tmp:
-        if job.env["target"] == "cuda":
-            objects = [_cubins_object(cxx, [tuning.parent / "cubins" / f"{key[:16]}.cubin" for key in keys],
-                                      Path(tmp))]
-        else:
-            objects = [tuning.parent / "objects" / f"{key[:16]}.o" for key in keys]
+        objects, what = kernel_objects(tuning.parent, keys, cxx, Path(tmp))
         wrapper_o = Path(tmp) / "wrapper.o"
         with ThreadPoolExecutor(max_workers=2) as pool:
             runtime = pool.submit(runtime_objects, job.items(), cxx, job.env, job.code)
@@ -57,33 +60,9 @@ def run(job: StageJob) -> Mapping[str, Any]:
         except RuntimeError as err:
             raise KilnError(f"model {job.model!r}: linking model.so failed: {err}") from None
     shutil.copyfile(RUNTIME / HEADER, out / HEADER)
-    what = f"{len(keys)} cubins" if job.env["target"] == "cuda" else f"{len(keys)} kernel objects"
     note = f"{what}; runtime {'cached' if hit else 'compiled'}"
     used = f"{item.stage}/{item.key}"
     return {"kernels": len(keys), "runtime_cached": hit, "items": [used], "summary": note}
-
-
-def _cubins_object(cxx: str, cubins: list[Path], tmp: Path) -> Path:
-    """One object holding every cubin, each under the symbol the wrapper's kernel table names.
-
-    Note: assembled with .incbin from names relative to the folder it runs in, so the object
-    holds no path and the bytes of the cubins only.
-    """
-    from tasks.gen_cpp.wrapper import cubin_symbol
-
-    lines = ['.section .note.GNU-stack,"",@progbits', ".section .rodata"]
-    for path in cubins:
-        key = path.stem
-        shutil.copyfile(path, tmp / f"{key}.cubin")
-        symbol = cubin_symbol(key)
-        lines += [f".global {symbol}", f".type {symbol}, @object", ".balign 64", f"{symbol}:",
-                  f'.incbin "{key}.cubin"', f".size {symbol}, . - {symbol}"]
-    (tmp / "cubins.S").write_text("\n".join(lines) + "\n")
-    try:
-        run_compiler([cxx, "-c", "cubins.S", "-o", "cubins.o"], cwd=tmp)
-    except RuntimeError as err:
-        raise KilnError(f"assembling the cubins failed: {err}", "a bug in kiln's link stage") from None
-    return tmp / "cubins.o"
 
 
 def _compile_wrapper(cxx: str, wrapper: Path, out: Path, isa: str) -> None:

@@ -9,10 +9,12 @@ tune.py can tune any kernel by itself, on random inputs, without the model.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
+from contract.job import StageJob
 from contract.toolchain import CROSS_ARCH
 from tasks.codegen.inputs import index_bounds
 from tasks.codegen.triton_kernel import (
@@ -26,14 +28,20 @@ from tasks.codegen.triton_kernel import (
     triton_variants,
     xnumel,
 )
+from tasks.gen_tuning.stage import run_with
 from tasks.ir.serialize import buffer_json
 from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
 
-TUNER = Path(__file__).resolve().parents[1] / "tune" / "cuda_tune.py"
+TUNER = Path(__file__).resolve().parent / "tune.py"  # copied into the build as tune.py
 
 
 def function_for(name: str, variant: TritonVariant) -> str:
     return f"{name}_{variant.kind}"
+
+
+def run(job: StageJob) -> Mapping[str, Any]:
+    """The cuda target's gen-tuning-code entry."""
+    return run_with(job, write)
 
 
 def write(schedule: Schedule, out: Path) -> dict[str, Any]:

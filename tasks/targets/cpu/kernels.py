@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
-from contract.toolchain import cxx, host_isa, kernel_flags
+from contract.job import StageJob
+from contract.toolchain import cxx, kernel_flags
 from tasks.codegen.cpp_build import RUNTIME
 from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
 from tasks.codegen.inputs import index_bounds
+from tasks.gen_tuning.stage import run_with
 from tasks.ir.serialize import buffer_json
 from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
+from tasks.targets.cpu.symbols import function_for
 
-TUNER = Path(__file__).resolve().parents[1] / "tune" / "cpu_tune.py"
+TUNER = Path(__file__).resolve().parent / "tune.py"  # copied into the build as tune.py
 FEW_ROWS = 64  # below this many rows, splitting each pass over R across threads is a candidate
 
 
@@ -35,18 +39,19 @@ def cpu_variants(k: Kernel) -> list[CpuVariant]:
     return variants
 
 
-def function_for(key: str) -> str:
-    return f"kiln_{key[:16]}"
+def run(job: StageJob) -> Mapping[str, Any]:
+    """The cpu target's gen-tuning-code entry."""
+    return run_with(job, lambda schedule, out: write(schedule, out, job.env["isa"]))
 
 
-def write(schedule: Schedule, out: Path, isa: str | None = None) -> dict[str, Any]:
+def write(schedule: Schedule, out: Path, isa: str) -> dict[str, Any]:
     folder = out / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RUNTIME / "kiln_cpu.h", folder / "kiln_cpu.h")
     places = kernel_places(schedule)
     entries = [_entry(group, folder) | {"places": sorted({p for k in group for p in places.get(k.name, ())})}
                for group in kernels_by_key(schedule).values()]
-    compiler = [Path(cxx()).name, *kernel_flags(isa or host_isa())]
+    compiler = [Path(cxx()).name, *kernel_flags(isa)]
     spec = {"target": "cpu", "folder": "kernels", "compiler": compiler, "kernels": entries}
     (out / "kernels.json").write_text(pretty_json(spec))
     shutil.copyfile(TUNER, out / "tune.py")

@@ -19,7 +19,7 @@ from contract.errors import KilnError
 from contract.job import StageJob
 from contract.toolchain import cxx
 from tasks.autotune.coverage import coverage, coverage_text, with_places
-from tasks.tune import cpu_tune
+from tasks.targets.cpu import tune as cpu_tune
 
 TUNING = "tuning.json"  # decisions only: what later stages read, so it is deterministic
 TIMINGS = "timings.json"  # the measurements behind them, for people and the report
@@ -47,7 +47,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         # Note: the builds of every kernel not in the cache run in parallel first; timing then
         # runs one kernel at a time, so no two measurements share the CPU.
-        built = cpu_tune.build_variants(missing, folder, compiler, Path(tmp))
+        built = cpu_tune.build_variants(missing, folder, compiler, Path(tmp), job.machine.get("cores"))
         for entry in spec["kernels"]:
 
             def compute(out: Path, entry: dict[str, Any] = entry) -> dict[str, Any]:

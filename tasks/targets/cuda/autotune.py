@@ -28,7 +28,7 @@ from cache.hashing import digest_file, digest_json, pretty_json
 from contract.errors import KilnError
 from contract.job import StageJob
 from tasks.autotune.coverage import coverage, coverage_text, with_places
-from tasks.tune import cuda_tune
+from tasks.targets.cuda import tune as cuda_tune
 
 CUBINS = "cubins"  # <key16>.cubin and <key16>.json (kernel name, warps, shared memory, scratch)
 
@@ -46,10 +46,10 @@ def run(job: StageJob) -> Mapping[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         made = Path(tmp)
         if gpu != "none":
-            fresh = _tune(kernels_json, missing, made,
+            fresh = _tune(kernels_json, missing, made, max(1, job.machine.get("gpus", 1)),
                           lambda n, total: job.progress(n, total, "kernels tuned"))
         else:
-            fresh = _cross_compile(spec, missing, folder, made,
+            fresh = _cross_compile(spec, missing, folder, made, job.machine.get("cores", 1),
                                    lambda n, total: job.progress(n, total, "kernels compiled"))
         records, used, hits = _store(spec, parts, fresh, made, items, job.out_dir / CUBINS)
     seconds = time.perf_counter() - started
@@ -72,11 +72,11 @@ def run(job: StageJob) -> Mapping[str, Any]:
             "tuning_seconds": round(seconds, 3), "peak_gpu_bytes": peak, "items": used, "summary": note}
 
 
-def _tune(kernels_json: Path, missing: list[dict[str, Any]], made: Path,
+def _tune(kernels_json: Path, missing: list[dict[str, Any]], made: Path, gpus: int,
           on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     if not missing:
         return {}
-    records = cuda_tune.tune_all(kernels_json, [e["key"] for e in missing], made, _gpu_count(), on_progress)
+    records = cuda_tune.tune_all(kernels_json, [e["key"] for e in missing], made, gpus, on_progress)
     for r in records.values():
         if not (made / f"{r['key'][:16]}.cubin").is_file():
             name = next(e["kernel"] for e in missing if e["key"] == r["key"])
@@ -85,18 +85,11 @@ def _tune(kernels_json: Path, missing: list[dict[str, Any]], made: Path,
     return records
 
 
-def _gpu_count() -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        return len([d for d in visible.split(",") if d.strip()])
-    return max(1, len(list(Path("/proc/driver/nvidia/gpus").glob("*"))))
-
-
-def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: Path, made: Path,
+def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: Path, made: Path, cores: int,
                    on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     """Each kernel's default variant and config, compiled for the arch: one worker process per
     core (triton's compiler holds the GIL), each importing triton once for its share."""
-    workers = max(1, min(os.cpu_count() or 1, len(missing)))
+    workers = max(1, min(cores, len(missing)))
     shares = [missing[w::workers] for w in range(workers)]
     records: dict[str, Any] = {}
     lock = threading.Lock()
@@ -147,7 +140,7 @@ _COMPILE_SHARE = f"""
 import json, sys
 from pathlib import Path
 sys.path.insert(0, {_ROOT!r})
-from tasks.tune import cuda_tune
+from tasks.targets.cuda import tune as cuda_tune
 for job in json.loads(sys.stdin.read()):
     cuda_tune.compile_cubin(job["entry"], Path(job["folder"]), job["function"], job["config"], job["arch"],
                             Path(job["stem"]))

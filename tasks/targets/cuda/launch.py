@@ -1,0 +1,66 @@
+"""How the cuda target's wrapper runs a kernel: a launch of its tuned cubin, through the kernel
+table model.so loads at kiln_model_create (the cubins are linked in as data)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from contract.job import StageJob
+from tasks.codegen.triton_kernel import TritonVariant, grid, kernel_name, rnumel, tile_split, xnumel
+from tasks.gen_cpp.stage import run_with
+from tasks.gen_cpp.wrapper import GraphNames, WrapperError
+from tasks.schedule.model import Kernel
+from tasks.targets.cuda.symbols import cubin_symbol
+
+
+def run(job: StageJob) -> Mapping[str, Any]:
+    """The cuda target's gen-cpp entry."""
+    return run_with(job, CudaLauncher)
+
+
+def launch_grid(k: Kernel, decision: Mapping[str, Any]) -> int:
+    """Programs to launch for the tuned variant and config (tune.py's grid, the same formula)."""
+    name = decision["variant"]
+    variant = TritonVariant(name, tile_split(k) if name == "tiled" else 0)
+    facts = decision.get("launch", {})
+    if facts.get("global_scratch_size") or facts.get("profile_scratch_size"):
+        raise WrapperError(f"kernel {k.name} needs Triton scratch memory, which kiln's launcher lacks")
+    return grid(k, variant, decision["config"])[0]
+
+
+class CudaLauncher:
+    target = "cuda"
+
+    def __init__(self, tuning: Mapping[str, Any]) -> None:
+        self.tuning = tuning  # kernel key -> decision and launch facts
+
+    def call(self, k: Kernel, names: GraphNames, index: int) -> list[str]:
+        """A Triton kernel's launch: its arguments' addresses, in the cubin's signature order."""
+        decision = self.tuning.get(k.key)
+        if decision is None:
+            raise WrapperError(f"kernel {k.name} has no tuning decision")
+        programs = launch_grid(k, decision)
+        folded = set(decision.get("launch", {}).get("folded", []))  # constants in the cubin: not passed
+        args = [f"&{names[p.buffer]}" for p in k.params if p.name not in folded]
+        args += [f"&n[{i}]" for i, name in enumerate(("xnumel", "rnumel")) if name not in folded]
+        sizes = f"{xnumel(k)}, {max(1, rnumel(k))}"
+        return [f"{{  // {k.name}: {', '.join(k.origins)}"[:120],
+                f"  int32_t n[] = {{{sizes}}};  // xnumel, rnumel",
+                f"  void* a[] = {{{', '.join(args)}}};",
+                f"  kiln::launch(ctx, {index}, {programs}, a, {len(args)});",
+                "}"]
+
+    def prototypes(self, kernels: Mapping[str, Kernel]) -> list[str]:
+        return [f"extern const unsigned char {cubin_symbol(key)}[];" for key in sorted(kernels)]
+
+    def table_rows(self, kernels: Mapping[str, Kernel]) -> list[str]:
+        """One row per kernel, in the order of first launch (the index each launch names)."""
+        rows = []
+        for key, k in kernels.items():
+            facts = self.tuning[key]["launch"]
+            name, function = json.dumps(kernel_name(k)), json.dumps(facts["name"])
+            rows.append(f"  {{{name}, {cubin_symbol(key)}, {function}, "
+                        f"{int(facts['num_warps'])}, {int(facts['shared'])}}},")
+        return rows

@@ -15,6 +15,7 @@ from contract.config import load_config
 from pipeline.build import Cache, compile_model
 from pipeline.runner import BuildOptions, BuildResult
 from pipeline.stages import STAGES
+from tasks.trace.factory import shown_path
 from tests.conftest import kiln, python_path, write_config
 from tests.fake_stages import with_consumer
 
@@ -263,3 +264,12 @@ def test_a_trace_writes_its_weights_once(project: Path, cache: Cache,
     result = _compile(project, cache, in_process=True)
     assert _status(result)["trace"] == "ran"
     assert writes == ["weights.safetensors"]
+
+
+def test_model_files_are_named_the_same_wherever_the_environment_sits(tmp_path: Path) -> None:
+    """source_map.json and trace errors name a package's file from its package folder on, so the
+    artifact is the same bytes in any checkout and any venv."""
+    for venv in ("/opt/venv", str(tmp_path / ".venv"), "/home/someone/envs/x"):
+        path = f"{venv}/lib/python3.11/site-packages/transformers/models/bert/modeling_bert.py"
+        assert shown_path(path, tmp_path) == "transformers/models/bert/modeling_bert.py"
+    assert shown_path(str(tmp_path / "models" / "toy.py"), tmp_path) == "models/toy.py"

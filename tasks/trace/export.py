@@ -23,7 +23,7 @@ from torch._export.serde.serialize import serialize
 
 from cache.hashing import canonical_json
 from contract.errors import KilnError
-from tasks.trace.factory import is_model_file, user_frame
+from tasks.trace.factory import is_model_file, shown_path, user_frame
 
 # Ops that stay whole: later stages lower them to extern kernels, not to their decomposition.
 KEEP_OPS = ("scaled_dot_product_attention.default",)
@@ -91,9 +91,7 @@ def node_source(node: torch.fx.Node, root: Path) -> str:
     if not frames:
         return ""
     last = frames[-1]
-    path = Path(last["file"])
-    shown = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
-    return f"{shown}:{last['line']}: {last['code'].strip()}"
+    return f"{shown_path(last['file'], root)}:{last['line']}: {last['code'].strip()}"
 
 
 def check_control_flow(program: torch.export.ExportedProgram, model: str, root: Path) -> None:

@@ -99,7 +99,20 @@ def is_model_file(filename: str, project_root: Path) -> bool:
 
 
 def _rel(filename: str, root: Path) -> str:
+    return shown_path(filename, root)
+
+
+def shown_path(filename: str, root: Path) -> str:
+    """How a model file is named in messages and artifacts, the same on every machine: a
+    package's file from its package folder on ("transformers/models/bert/modeling_bert.py"),
+    wherever the environment is; a project file from the project root on.
+
+    Note: an absolute path (or one relative to wherever the venv happens to sit) would make
+    trace's source_map.json differ between machines and checkouts for the same model."""
     path = Path(filename)
+    sites = [i for i, p in enumerate(path.parts) if p in ("site-packages", "dist-packages")]
+    if sites:
+        return Path(*path.parts[sites[-1] + 1:]).as_posix()
     return path.relative_to(root).as_posix() if path.is_relative_to(root) else filename
 
 

@@ -146,7 +146,7 @@ class CompiledModel:
         self.inputs = self._infos("input")
         self.outputs = self._infos("output")
         self.target = self._lib.kiln_model_target().decode()
-        self._out_spec = _out_spec(manifest.data, len(self.outputs))
+        self._out_spec = _out_spec(manifest.model.out_spec, len(self.outputs))
 
     def _error(self) -> str:
         return str(self._lib.kiln_last_error().decode(errors="replace"))
@@ -205,9 +205,8 @@ class CompiledModel:
         return f"CompiledModel({self.build_dir}, target={self.target}, inputs=({ins}))"
 
 
-def _out_spec(model_json: dict[str, Any], outputs: int) -> Any:
+def _out_spec(spec: Any, outputs: int) -> Any:
     """The output structure (a pytree spec), or None for a flat tuple of outputs."""
-    spec = model_json.get("out_spec")
     if spec is None:
         return None
     from torch.utils import _pytree

@@ -11,14 +11,13 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from contract.errors import KilnError
+from contract.model_json import FileRecord, ModelJson
 
 MODEL_SO = "model.so"
 WEIGHTS = "weights.safetensors"
 MODEL_JSON = "model.json"
-FILES = "files"  # model.json's section: published file -> {"bytes", "sha256"[, "xxh3_128"]}
 _RECOMPILE = "recompile the model (kiln compile MODEL) to write the build folder again"
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 
@@ -26,13 +25,13 @@ _DIGEST = re.compile(r"[0-9a-f]{32}")
 @dataclass(frozen=True)
 class BuildManifest:
     path: Path  # model.json
-    data: dict[str, Any]
+    model: ModelJson
 
-    def file(self, name: str) -> dict[str, Any]:
-        listed = self.data.get(FILES)
-        if not isinstance(listed, dict) or not isinstance(listed.get(name), dict):
+    def file(self, name: str) -> FileRecord:
+        listed = self.model.files or {}
+        if name not in listed:
             raise KilnError(f"{self.path} lists no {name} (written by an older kiln?)", _RECOMPILE)
-        return dict(listed[name])
+        return listed[name]
 
 
 def read_manifest(build_dir: Path) -> BuildManifest:
@@ -43,13 +42,15 @@ def read_manifest(build_dir: Path) -> BuildManifest:
         raise KilnError(f"{build_dir} has no {MODEL_JSON}", _RECOMPILE) from None
     except (OSError, ValueError) as err:
         raise KilnError(f"{path} is unreadable ({_short(err)})", _RECOMPILE) from None
-    if not isinstance(data, dict):
-        raise KilnError(f"{path} is not a kiln model description", _RECOMPILE)
-    return BuildManifest(path, data)
+    try:
+        model = ModelJson.from_json(data)
+    except ValueError as err:
+        raise KilnError(f"{path} is not a kiln model description ({err})", _RECOMPILE) from None
+    return BuildManifest(path, model)
 
 
 def check_size(manifest: BuildManifest, path: Path) -> None:
-    expected = manifest.file(path.name).get("bytes")
+    expected = manifest.file(path.name).bytes
     try:
         size = path.stat().st_size
     except OSError as err:
@@ -60,7 +61,7 @@ def check_size(manifest: BuildManifest, path: Path) -> None:
 
 
 def check_sha256(manifest: BuildManifest, path: Path, data: bytes) -> None:
-    expected = manifest.file(path.name).get("sha256")
+    expected = manifest.file(path.name).sha256
     if hashlib.sha256(data).hexdigest() != expected:
         raise KilnError(f"{path} does not match the digest {manifest.path.name} records "
                         "(damaged or changed after kiln wrote it)", _RECOMPILE)
@@ -69,7 +70,7 @@ def check_sha256(manifest: BuildManifest, path: Path, data: bytes) -> None:
 def check_weights_header(manifest: BuildManifest, path: Path) -> None:
     """The weights file's own digest (in its header) is the one model.json records: the file is
     the one this build wrote. Its content is checked against that digest by model.so."""
-    expected = manifest.file(path.name).get("xxh3_128")
+    expected = manifest.file(path.name).xxh3_128
     if weights_digest(path) != expected:
         raise KilnError(f"{path} is not the weights file this build wrote (its digest differs from "
                         f"the one {manifest.path.name} records)", _RECOMPILE)

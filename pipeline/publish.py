@@ -23,14 +23,15 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
 from cache.store import Entry, write_atomic
 from contract.errors import KilnError
-from pipeline.integrity import FILES, MODEL_JSON, MODEL_SO, WEIGHTS, weights_digest
+from contract.model_json import FileRecord, ModelJson
+from pipeline.integrity import MODEL_JSON, MODEL_SO, WEIGHTS, weights_digest
 from pipeline.runner import BuildResult
 from pipeline.stages import Stage
 
@@ -132,16 +133,11 @@ def _fill(staged: Path, out: Path, files: Mapping[str, Source], reports: Mapping
 
 def _model_json(files: Mapping[str, Source], staged: Path) -> dict[str, Any]:
     """gen-cpp's model.json with the files section load() checks."""
-    data = dict(json.loads(files[MODEL_JSON].path.read_text()))
-    listed: dict[str, Any] = {}
-    for name, source in sorted(files.items()):
-        if name == MODEL_JSON:
-            continue
-        listed[name] = {"bytes": source.size, "sha256": source.digest}
-        if name == WEIGHTS:
-            listed[name]["xxh3_128"] = weights_digest(staged / name)
-    data[FILES] = listed
-    return data
+    model = ModelJson.from_json(json.loads(files[MODEL_JSON].path.read_text()))
+    listed = {name: FileRecord(source.size, source.digest,
+                               weights_digest(staged / name) if name == WEIGHTS else None)
+              for name, source in sorted(files.items()) if name != MODEL_JSON}
+    return replace(model, files=listed).to_json()
 
 
 def _copy(src: Path, dst: Path) -> None:

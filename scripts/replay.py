@@ -4,7 +4,7 @@
     python scripts/replay.py check build/replay/before.json    # after it: exit 1 on any change
 
 Every model in configs/, on both targets, is compiled up to gen-cpp in a fresh cache (a
-subprocess running the `kiln` CLI, whatever package holds it), and the digest of every artifact
+subprocess running `python -m kiln compile`), and the digest of every artifact
 the deterministic stages wrote is kept: trace's program, lower's ir.json and signature,
 schedule.json and its pass dumps, the kernel sources, kernels.json and tune.py, and gen-cpp's
 wrapper.cpp and model.json. Key digests are not compared (moved code changes them).
@@ -113,8 +113,10 @@ def _function(ref: str) -> Callable[..., Any]:
 
 def _check(before: dict[str, Any], now: dict[str, Any]) -> int:
     changed = 0
-    for build in sorted(set(before) | set(now)):
-        old, new = before.get(build, {}), now.get(build, {})
+    for build in sorted(now):  # the builds replayed (--models, --targets): each must be in the record
+        if build not in before:
+            raise SystemExit(f"{build} is not in the record: record it first")
+        old, new = before[build], now[build]
         if "skipped" in old or "skipped" in new:
             print(f"{build}: skipped ({old.get('skipped') or new.get('skipped')})")
             continue

@@ -10,6 +10,7 @@ from typing import Any
 from cache.hashing import pretty_json
 from contract.errors import KilnError
 from contract.job import StageJob
+from contract.model_json import ModelJson, TensorSpec
 from tasks.gen_cpp.wrapper import Launcher, WrapperError, wrapper_source
 from tasks.ir.nodes import Buffer, BufferKind
 from tasks.schedule.model import Schedule, schedule_from
@@ -33,19 +34,18 @@ def run_with(job: StageJob, launcher_for: Callable[[Mapping[str, Any]], Launcher
     except WrapperError as err:
         raise KilnError(f"model {job.model!r}: {err}") from None
     (job.out_dir / WRAPPER).write_text(source)
-    (job.out_dir / MODEL_JSON).write_text(pretty_json(model_json(schedule, signature, job.target)))
+    (job.out_dir / MODEL_JSON).write_text(pretty_json(model_json(schedule, signature, job.target).to_json()))
     lines = source.count("\n")
     return {"lines": lines, "summary": f"{lines} lines of C++"}
 
 
-def _io(b: Buffer, name: str) -> dict[str, Any]:
-    return {"name": name, "shape": list(b.shape), "stride": list(b.stride), "dtype": b.dtype.value}
+def _io(b: Buffer, name: str) -> TensorSpec:
+    return TensorSpec(name, b.shape, b.stride, b.dtype.value)
 
 
-def model_json(schedule: Schedule, signature: Mapping[str, Any], target: str) -> dict[str, Any]:
+def model_json(schedule: Schedule, signature: Mapping[str, Any], target: str) -> ModelJson:
     main = schedule.main
     produced = {b.name: b for b in main.buffers}
-    inputs = [_io(b, b.name) for b in main.inputs if b.kind is not BufferKind.WEIGHT]
-    outputs = [_io(produced[name], f"output{i}") for i, name in enumerate(main.outputs)]
-    return {"target": target, "inputs": inputs, "outputs": outputs,
-            "in_spec": signature.get("in_spec"), "out_spec": signature.get("out_spec")}
+    inputs = tuple(_io(b, b.name) for b in main.inputs if b.kind is not BufferKind.WEIGHT)
+    outputs = tuple(_io(produced[name], f"output{i}") for i, name in enumerate(main.outputs))
+    return ModelJson(target, inputs, outputs, signature.get("in_spec"), signature.get("out_spec"))

@@ -95,7 +95,8 @@ def _default_decisions(schedule: Any) -> dict[str, Any]:
         variant = triton_variants(k)[0]
         config = configs(k, variant)[0]
         facts = {"name": f"{kernel_name(k)}_{variant.kind}", "num_warps": config["num_warps"], "shared": 0}
-        decisions[k.key] = {"variant": variant.kind, "config": config, "launch": facts}
+        decisions[k.key] = {"variant": variant.kind, "function": facts["name"], "config": config,
+                            "tuned": False, "cubin": "", "launch": facts}
     return decisions
 
 

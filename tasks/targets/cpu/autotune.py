@@ -20,6 +20,7 @@ from contract.job import StageJob
 from contract.toolchain import cxx
 from tasks.autotune.coverage import coverage, coverage_text, with_places
 from tasks.targets.cpu import tune as cpu_tune
+from tasks.targets.cpu.decisions import CpuDecision, tuning_json
 
 TUNING = "tuning.json"  # decisions only: what later stages read, so it is deterministic
 TIMINGS = "timings.json"  # the measurements behind them, for people and the report
@@ -59,9 +60,9 @@ def run(job: StageJob) -> Mapping[str, Any]:
             records[entry["key"]] = json.loads(item.file("record.json").read_text())
             job.progress(len(records), len(spec["kernels"]), "kernels")
             shutil.copyfile(item.file(OBJECT), objects / f"{entry['key'][:16]}.o")
-    decisions = {key: {"variant": r["variant"], "config": r["config"],
-                       "object": digest_file(objects / f"{key[:16]}.o")} for key, r in records.items()}
-    (job.out_dir / TUNING).write_text(pretty_json(decisions))
+    decisions = {key: CpuDecision(r["variant"], r["config"], digest_file(objects / f"{key[:16]}.o"))
+                 for key, r in records.items()}
+    (job.out_dir / TUNING).write_text(pretty_json(tuning_json(decisions)))
     records = with_places(records, spec["kernels"])
     (job.out_dir / TIMINGS).write_text(pretty_json(records))
     covered = coverage(records)

@@ -29,6 +29,7 @@ from contract.errors import KilnError
 from contract.job import StageJob
 from tasks.autotune.coverage import coverage, coverage_text, with_places
 from tasks.targets.cuda import tune as cuda_tune
+from tasks.targets.cuda.decisions import CudaDecision, LaunchFacts, tuning_json
 
 CUBINS = "cubins"  # <key16>.cubin and <key16>.json (kernel name, warps, shared memory, scratch)
 
@@ -53,11 +54,8 @@ def run(job: StageJob) -> Mapping[str, Any]:
                                    lambda n, total: job.progress(n, total, "kernels compiled"))
         records, used, hits = _store(spec, parts, fresh, made, items, job.out_dir / CUBINS)
     seconds = time.perf_counter() - started
-    decisions = {key: {k: r.get(k) for k in ("variant", "function", "config", "tuned")}
-                 | {"cubin": digest_file(job.out_dir / CUBINS / f"{key[:16]}.cubin"),
-                    "launch": json.loads((job.out_dir / CUBINS / f"{key[:16]}.json").read_text())}
-                 for key, r in records.items()}
-    (job.out_dir / "tuning.json").write_text(pretty_json(decisions))
+    decisions = {key: _decision(r, job.out_dir / CUBINS / key[:16]) for key, r in records.items()}
+    (job.out_dir / "tuning.json").write_text(pretty_json(tuning_json(decisions)))
     records = with_places(records, spec["kernels"])
     (job.out_dir / "timings.json").write_text(pretty_json(records))
     covered = coverage(records)
@@ -70,6 +68,13 @@ def run(job: StageJob) -> Mapping[str, Any]:
         note += f"; tuning {seconds:.1f} s, peak {peak / 2**20:.1f} MB on {gpu}"
     return {"kernels": len(records), "cached": hits, "untuned": untuned, "coverage": covered,
             "tuning_seconds": round(seconds, 3), "peak_gpu_bytes": peak, "items": used, "summary": note}
+
+
+def _decision(record: Mapping[str, Any], stem: Path) -> CudaDecision:
+    """A kernel's decision: its record's choice, its cubin's digest and its launch facts."""
+    launch = LaunchFacts.from_json(json.loads(stem.with_suffix(".json").read_text()))
+    return CudaDecision(record["variant"], record["function"], record["config"], bool(record["tuned"]),
+                        digest_file(stem.with_suffix(".cubin")), launch)
 
 
 def _tune(kernels_json: Path, missing: list[dict[str, Any]], made: Path, gpus: int,
@@ -135,12 +140,13 @@ def _untuned_record(entry: dict[str, Any]) -> dict[str, Any]:
             "tuned": False}
 
 
-_ROOT = str(Path(__file__).resolve().parents[2])
+_ROOT = str(Path(__file__).resolve().parents[3])  # the project root (tasks/targets/cuda/autotune.py)
 _COMPILE_SHARE = f"""
 import json, sys
 from pathlib import Path
 sys.path.insert(0, {_ROOT!r})
 from tasks.targets.cuda import tune as cuda_tune
+from tasks.targets.cuda.decisions import CudaDecision, LaunchFacts, tuning_json
 for job in json.loads(sys.stdin.read()):
     cuda_tune.compile_cubin(job["entry"], Path(job["folder"]), job["function"], job["config"], job["arch"],
                             Path(job["stem"]))

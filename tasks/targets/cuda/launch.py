@@ -12,6 +12,7 @@ from tasks.codegen.triton_kernel import TritonVariant, grid, kernel_name, rnumel
 from tasks.gen_cpp.stage import run_with
 from tasks.gen_cpp.wrapper import GraphNames, WrapperError
 from tasks.schedule.model import Kernel
+from tasks.targets.cuda.decisions import CudaDecision, read_tuning
 from tasks.targets.cuda.symbols import cubin_symbol
 
 
@@ -20,21 +21,20 @@ def run(job: StageJob) -> Mapping[str, Any]:
     return run_with(job, CudaLauncher)
 
 
-def launch_grid(k: Kernel, decision: Mapping[str, Any]) -> int:
+def launch_grid(k: Kernel, decision: CudaDecision) -> int:
     """Programs to launch for the tuned variant and config (tune.py's grid, the same formula)."""
-    name = decision["variant"]
+    name = decision.variant
     variant = TritonVariant(name, tile_split(k) if name == "tiled" else 0)
-    facts = decision.get("launch", {})
-    if facts.get("global_scratch_size") or facts.get("profile_scratch_size"):
+    if decision.launch.global_scratch_size or decision.launch.profile_scratch_size:
         raise WrapperError(f"kernel {k.name} needs Triton scratch memory, which kiln's launcher lacks")
-    return grid(k, variant, decision["config"])[0]
+    return grid(k, variant, dict(decision.config))[0]
 
 
 class CudaLauncher:
     target = "cuda"
 
     def __init__(self, tuning: Mapping[str, Any]) -> None:
-        self.tuning = tuning  # kernel key -> decision and launch facts
+        self.tuning = read_tuning(tuning)  # kernel key -> decision and launch facts
 
     def call(self, k: Kernel, names: GraphNames, index: int) -> list[str]:
         """A Triton kernel's launch: its arguments' addresses, in the cubin's signature order."""
@@ -42,7 +42,7 @@ class CudaLauncher:
         if decision is None:
             raise WrapperError(f"kernel {k.name} has no tuning decision")
         programs = launch_grid(k, decision)
-        folded = set(decision.get("launch", {}).get("folded", []))  # constants in the cubin: not passed
+        folded = set(decision.launch.folded)  # constants in the cubin: not passed
         args = [f"&{names[p.buffer]}" for p in k.params if p.name not in folded]
         args += [f"&n[{i}]" for i, name in enumerate(("xnumel", "rnumel")) if name not in folded]
         sizes = f"{xnumel(k)}, {max(1, rnumel(k))}"
@@ -59,8 +59,7 @@ class CudaLauncher:
         """One row per kernel, in the order of first launch (the index each launch names)."""
         rows = []
         for key, k in kernels.items():
-            facts = self.tuning[key]["launch"]
-            name, function = json.dumps(kernel_name(k)), json.dumps(facts["name"])
-            rows.append(f"  {{{name}, {cubin_symbol(key)}, {function}, "
-                        f"{int(facts['num_warps'])}, {int(facts['shared'])}}},")
+            facts = self.tuning[key].launch
+            name, function = json.dumps(kernel_name(k)), json.dumps(facts.name)
+            rows.append(f"  {{{name}, {cubin_symbol(key)}, {function}, {facts.num_warps}, {facts.shared}}},")
         return rows

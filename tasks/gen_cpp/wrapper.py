@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tasks.ir.dtypes import DType
-from tasks.ir.nodes import Buffer, BufferKind, Extern, ExternOp, Fallback, View, contiguous_strides
+from tasks.ir.nodes import Buffer, BufferKind, Cond, Extern, ExternOp, Fallback, View, contiguous_strides
 from tasks.schedule.model import (
     CallStep,
     CondStep,
@@ -122,7 +122,7 @@ class WrapperWriter:
             if isinstance(step.node, Extern):
                 return extern_call(step.node, names, self)
             return self.fallback(step.node, names)
-        if isinstance(step, CondStep):
+        if isinstance(step, Cond):
             return self.cond(step, names)
         return self.while_loop(step, names)
 

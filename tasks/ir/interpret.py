@@ -268,13 +268,13 @@ def _unpack(a: Any, tensors: list[torch.Tensor]) -> Any:
     return a
 
 
-def _cond(node: Cond, env: Env, alloc: Alloc) -> None:
+def _cond(node: Cond[Graph], env: Env, alloc: Alloc) -> None:
     pred = bool(view_of(node.pred, env).item())
     sub = node.then_graph if pred else node.else_graph
     _run_sub(sub, [view_of(v, env) for v in node.operands], node.outs, env, alloc)
 
 
-def _while(node: While, env: Env, alloc: Alloc) -> None:
+def _while(node: While[Graph], env: Env, alloc: Alloc) -> None:
     carried = [view_of(v, env).clone() for v in node.carried]
     extra = [view_of(v, env) for v in node.extra]
     while bool(_call(node.cond_graph, [*carried, *extra])[0].item()):

@@ -5,15 +5,19 @@ for each i over its `ranges`, a reduction of body over `reduce_ranges` (variable
 outputs have shape `ranges` (welford has two: mean and m2). Loads name buffers and index them
 with one expression per dimension, so a view is never a node: it is an index expression.
 Extern calls (matmul, convolution, attention) and aten fallbacks take strided `View`s of
-buffers, since the kernels they call read strides. `Cond` and `While` hold subgraphs.
+buffers, since the kernels they call read strides. `Cond` and `While` hold subgraphs: IR
+`Graph`s here, and in a schedule the same nodes hold `ScheduledGraph`s (they are its control
+steps), so the schedule mirrors no IR class. `children`, `with_children` and `control_reads`
+are the one protocol every walk over subgraphs uses, for either kind of graph.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar, cast
 
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr
@@ -150,29 +154,57 @@ class Fallback:
     origin: str = ""
 
 
+G = TypeVar("G")  # a subgraph: an IR Graph, or a schedule's ScheduledGraph
+
+
 @dataclass(frozen=True, slots=True)
-class Cond:
+class Cond(Generic[G]):
     pred: View  # a bool (or int) scalar
     operands: tuple[View, ...]
-    then_graph: Graph
-    else_graph: Graph
+    then_graph: G
+    else_graph: G
     outs: tuple[Buffer, ...]
     origin: str = ""
 
 
 @dataclass(frozen=True, slots=True)
-class While:
+class While(Generic[G]):
     """carried = operands; while cond_graph(carried, extra): carried = body_graph(carried, extra)."""
 
     carried: tuple[View, ...]
     extra: tuple[View, ...]
-    cond_graph: Graph
-    body_graph: Graph
+    cond_graph: G
+    body_graph: G
     outs: tuple[Buffer, ...]
     origin: str = ""
 
 
-Node = Pointwise | Reduction | Scatter | Extern | Fallback | Cond | While
+Node = Pointwise | Reduction | Scatter | Extern | Fallback | Cond["Graph"] | While["Graph"]
+# a subgraph's part name -> its field: the order of children() and with_children()
+_PARTS = {Cond: (("then", "then_graph"), ("else", "else_graph")),
+          While: (("cond", "cond_graph"), ("body", "body_graph"))}
+
+
+def children(node: Any) -> tuple[tuple[str, Any], ...]:
+    """A node's or a step's subgraphs with their part names ("then", "else" / "cond", "body");
+    () for anything that holds none."""
+    parts = _PARTS.get(type(node), ())
+    return tuple((part, getattr(node, name)) for part, name in parts)
+
+
+def with_children(node: Cond[Any] | While[Any], graphs: Sequence[G]) -> Cond[G] | While[G]:
+    """The same control node over other subgraphs (in children()'s order): how the schedule
+    makes its control steps from the IR's control nodes."""
+    names = [name for _, name in _PARTS[type(node)]]
+    fields: dict[str, Any] = dict(zip(names, graphs, strict=True))
+    original: Any = node
+    return cast(Cond[G] | While[G], replace(original, **fields))
+
+
+def control_reads(node: Cond[Any] | While[Any]) -> tuple[View, ...]:
+    """What a control node reads from its graph: a cond's predicate and operands, a loop's
+    carried and extra values."""
+    return (node.pred, *node.operands) if isinstance(node, Cond) else (*node.carried, *node.extra)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,12 +221,8 @@ class Graph:
 
     def subgraphs(self) -> Iterator[tuple[str, Graph]]:
         for node in self.nodes:
-            if isinstance(node, Cond):
-                yield f"{node.origin}.then", node.then_graph
-                yield f"{node.origin}.else", node.else_graph
-            elif isinstance(node, While):
-                yield f"{node.origin}.cond", node.cond_graph
-                yield f"{node.origin}.body", node.body_graph
+            for part, graph in children(node):
+                yield f"{getattr(node, 'origin', '')}.{part}", graph
 
 
 def node_inputs(node: Node) -> list[str]:
@@ -212,9 +240,7 @@ def node_inputs(node: Node) -> list[str]:
         return list(dict.fromkeys(v.buffer for v in node.inputs if v is not None))
     if isinstance(node, Fallback):
         return list(dict.fromkeys(v.buffer for v in node.inputs))
-    if isinstance(node, Cond):
-        return list(dict.fromkeys(v.buffer for v in (node.pred, *node.operands)))
-    return list(dict.fromkeys(v.buffer for v in (*node.carried, *node.extra)))
+    return list(dict.fromkeys(v.buffer for v in control_reads(node)))
 
 
 def node_writes(node: Node) -> list[str]:

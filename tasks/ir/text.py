@@ -24,6 +24,7 @@ from tasks.ir.nodes import (
     Scatter,
     View,
     While,
+    children,
 )
 
 _INFIX = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.FLOORDIV: "//", Op.MOD: "%"}
@@ -137,18 +138,16 @@ def _with_body(indent: str, head: str, roots: list[Expr]) -> list[str]:
             f"{indent}  -> {', '.join(shown)}"]
 
 
-def _control_text(node: Cond | While, indent: str) -> list[str]:
+def _control_text(node: Cond[Graph] | While[Graph], indent: str) -> list[str]:
     outs = ", ".join(f"{b.name}: {buffer_type(b)}" for b in node.outs)
     if isinstance(node, Cond):
         args = ", ".join(view_text(v) for v in node.operands)
         lines = [f"{indent}{outs} = cond {view_text(node.pred)} ({args})"]
-        parts = [("then", node.then_graph), ("else", node.else_graph)]
     else:
         carried = ", ".join(view_text(v) for v in node.carried)
         extra = ", ".join(view_text(v) for v in node.extra)
         lines = [f"{indent}{outs} = while ({carried}) extra ({extra})"]
-        parts = [("cond", node.cond_graph), ("body", node.body_graph)]
-    for name, sub in parts:
+    for name, sub in children(node):
         lines.append(f"{indent}  {name}:")
         lines += graph_lines(sub, indent + "    ")
     return lines

@@ -123,14 +123,14 @@ def _check_view(v: View, known: dict[str, Buffer], where: str) -> None:
         raise IRError(f"{where}: view of {v.buffer} reaches outside it")
 
 
-def _check_cond(node: Cond, known: dict[str, Buffer], where: str) -> None:
+def _check_cond(node: Cond[Graph], known: dict[str, Buffer], where: str) -> None:
     for v in (node.pred, *node.operands):
         _check_view(v, known, where)
     for name, sub in (("then", node.then_graph), ("else", node.else_graph)):
         _check_subgraph(sub, node.operands, node.outs, f"{where}.{name}")
 
 
-def _check_while(node: While, known: dict[str, Buffer], where: str) -> None:
+def _check_while(node: While[Graph], known: dict[str, Buffer], where: str) -> None:
     operands = (*node.carried, *node.extra)
     for v in operands:
         _check_view(v, known, where)

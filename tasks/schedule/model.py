@@ -11,7 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache.hashing import canonical_json, digest_json
-from tasks.ir.nodes import Buffer, Extern, Fallback, Pointwise, Reduction, Scatter, View
+from tasks.ir.nodes import (
+    Buffer,
+    Cond,
+    Extern,
+    Fallback,
+    Pointwise,
+    Reduction,
+    Scatter,
+    View,
+    While,
+    children,
+)
 from tasks.ir.serialize import (
     buffer_from,
     buffer_json,
@@ -60,26 +71,12 @@ class CallStep:
     node: Extern | Fallback
 
 
-@dataclass(frozen=True, slots=True)
-class CondStep:
-    pred: View
-    operands: tuple[View, ...]
-    then_graph: ScheduledGraph
-    else_graph: ScheduledGraph
-    outs: tuple[Buffer, ...]
-    origin: str
-
-
-@dataclass(frozen=True, slots=True)
-class WhileStep:
-    carried: tuple[View, ...]
-    extra: tuple[View, ...]
-    cond_graph: ScheduledGraph
-    body_graph: ScheduledGraph
-    outs: tuple[Buffer, ...]
-    origin: str
-
-
+# Note: a control step is the IR's own Cond or While node over scheduled subgraphs (tasks/ir/
+# nodes.py: with_children), not a copy of it in another class; walks over subgraphs use the
+# one protocol (children) for IR graphs and schedules alike.
+CondStep = Cond["ScheduledGraph"]
+WhileStep = While["ScheduledGraph"]
+ControlStep = CondStep | WhileStep
 Step = KernelStep | CallStep | CondStep | WhileStep
 
 
@@ -116,11 +113,7 @@ MAIN = "main"  # the place of a kernel launched outside any control flow
 
 def subgraphs(step: Step) -> tuple[tuple[str, ScheduledGraph], ...]:
     """A control-flow step's graphs, each with its place name ("cond_1.then", "while_loop.body")."""
-    if isinstance(step, CondStep):
-        return ((f"{step.origin}.then", step.then_graph), (f"{step.origin}.else", step.else_graph))
-    if isinstance(step, WhileStep):
-        return ((f"{step.origin}.cond", step.cond_graph), (f"{step.origin}.body", step.body_graph))
-    return ()
+    return tuple((f"{getattr(step, 'origin', '')}.{part}", graph) for part, graph in children(step))
 
 
 def kernel_places(schedule: Schedule) -> dict[str, tuple[str, ...]]:
@@ -181,7 +174,7 @@ def step_json(step: Step) -> dict[str, Any]:
     if isinstance(step, CallStep):
         return {"call": node_json(step.node)}
     outs = [buffer_json(b) for b in step.outs]
-    if isinstance(step, CondStep):
+    if isinstance(step, Cond):
         return {"cond": {"pred": view_json(step.pred), "operands": [view_json(v) for v in step.operands],
                          "then": graph_json(step.then_graph), "else": graph_json(step.else_graph),
                          "outs": outs, "origin": step.origin}}
@@ -205,10 +198,10 @@ def step_from(d: dict[str, Any]) -> Step:
         c = d["cond"]
         pred = view_from(c["pred"])
         assert pred is not None
-        return CondStep(pred, _views(c["operands"]), graph_from(c["then"]), graph_from(c["else"]),
+        return Cond(pred, _views(c["operands"]), graph_from(c["then"]), graph_from(c["else"]),
                         tuple(buffer_from(b) for b in c["outs"]), c["origin"])
     w = d["while"]
-    return WhileStep(_views(w["carried"]), _views(w["extra"]), graph_from(w["cond"]), graph_from(w["body"]),
+    return While(_views(w["carried"]), _views(w["extra"]), graph_from(w["cond"]), graph_from(w["body"]),
                      tuple(buffer_from(b) for b in w["outs"]), w["origin"])
 
 

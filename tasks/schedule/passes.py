@@ -10,20 +10,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tasks.ir.nodes import Buffer, Cond, Extern, Fallback, Graph, Scatter, While, node_inputs
+from tasks.ir.nodes import (
+    Buffer,
+    Cond,
+    Extern,
+    Fallback,
+    Graph,
+    Scatter,
+    While,
+    children,
+    control_reads,
+    node_inputs,
+    with_children,
+)
 from tasks.ir.text import graph_text
 from tasks.schedule.fuse import Unit, fuse
 from tasks.schedule.inline import Decisions, eliminate_dead, inline_pointwise
 from tasks.schedule.kernels import make_kernel
 from tasks.schedule.model import (
     CallStep,
-    CondStep,
     Kernel,
     KernelStep,
     Schedule,
     ScheduledGraph,
     Step,
-    WhileStep,
 )
 from tasks.schedule.plan import Interval, plan_arena
 from tasks.schedule.text import kernel_text
@@ -81,12 +91,8 @@ def make_step(unit: Unit, stored: set[str], buffers: dict[str, Buffer], label: s
     def sub(graph: Graph, part: str) -> ScheduledGraph:
         return schedule_graph(graph, f"{label}.{node.origin}.{part}", run)
 
-    if isinstance(node, Cond):
-        return CondStep(node.pred, node.operands, sub(node.then_graph, "then"), sub(node.else_graph, "else"),
-                        node.outs, node.origin)
-    assert isinstance(node, While)
-    return WhileStep(node.carried, node.extra, sub(node.cond_graph, "cond"), sub(node.body_graph, "body"),
-                     node.outs, node.origin)
+    assert isinstance(node, Cond | While)
+    return with_children(node, [sub(graph, part) for part, graph in children(node)])
 
 
 def step_io(step: Step, run: Run) -> tuple[list[str], list[str]]:
@@ -97,8 +103,7 @@ def step_io(step: Step, run: Run) -> tuple[list[str], list[str]]:
         return reads, [p.buffer for p in k.params if p.role in ("out", "inout")]
     if isinstance(step, CallStep):
         return node_inputs(step.node), [b.name for b in step.node.outs]
-    views = (step.pred, *step.operands) if isinstance(step, CondStep) else (*step.carried, *step.extra)
-    return [v.buffer for v in views], [b.name for b in step.outs]
+    return [v.buffer for v in control_reads(step)], [b.name for b in step.outs]
 
 
 def liveness(steps: tuple[Step, ...] | list[Step], run: Run) -> tuple[dict[str, int], dict[str, int]]:

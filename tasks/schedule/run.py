@@ -12,8 +12,8 @@ from dataclasses import replace
 import torch
 
 from tasks.ir.interpret import Alloc, Env, empty, evaluate, reduce, run_node, torch_dtype, view_of
-from tasks.ir.nodes import Buffer, Pointwise, Reduction, Scatter, View
-from tasks.schedule.model import CallStep, CondStep, Kernel, KernelStep, Schedule, ScheduledGraph, WhileStep
+from tasks.ir.nodes import Buffer, Cond, Pointwise, Reduction, Scatter, View
+from tasks.schedule.model import CallStep, Kernel, KernelStep, Schedule, ScheduledGraph, WhileStep
 
 
 def run_schedule(s: Schedule, args: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -36,7 +36,7 @@ def run_graph(s: Schedule, g: ScheduledGraph, args: Mapping[str, torch.Tensor]) 
             run_kernel(s.kernel(step.kernel), env, alloc)
         elif isinstance(step, CallStep):
             run_node(step.node, env, alloc)
-        elif isinstance(step, CondStep):
+        elif isinstance(step, Cond):
             sub = step.then_graph if bool(view_of(step.pred, env).item()) else step.else_graph
             _bind(step.outs, run_graph(s, sub, _operands(sub, step.operands, env)), env, alloc)
         else:

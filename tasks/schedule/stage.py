@@ -10,7 +10,7 @@ from contract.units import human_bytes
 from tasks.ir import serialize
 from tasks.ir.nodes import Extern, Fallback
 from tasks.schedule import model
-from tasks.schedule.model import CallStep, CondStep, Schedule, ScheduledGraph, WhileStep
+from tasks.schedule.model import CallStep, Schedule, ScheduledGraph, subgraphs
 from tasks.schedule.passes import schedule_program
 from tasks.schedule.text import schedule_text
 
@@ -35,10 +35,8 @@ def run(job: StageJob) -> Mapping[str, Any]:
 def _graphs(g: ScheduledGraph) -> list[ScheduledGraph]:
     found = [g]
     for step in g.steps:
-        if isinstance(step, CondStep):
-            found += _graphs(step.then_graph) + _graphs(step.else_graph)
-        elif isinstance(step, WhileStep):
-            found += _graphs(step.cond_graph) + _graphs(step.body_graph)
+        for _, sub in subgraphs(step):
+            found += _graphs(sub)
     return found
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from tasks.ir.nodes import Cond, While, children
 from tasks.ir.text import buffer_type, node_text, view_text
-from tasks.schedule.model import CallStep, CondStep, Kernel, KernelStep, Schedule, ScheduledGraph, WhileStep
+from tasks.schedule.model import CallStep, Kernel, KernelStep, Schedule, ScheduledGraph
 
 
 def kernel_text(k: Kernel) -> str:
@@ -39,14 +40,12 @@ def _step_lines(step: object, indent: str) -> list[str]:
     if isinstance(step, CallStep):
         return node_text(step.node, indent)
     outs = ", ".join(b.name for b in step.outs)  # type: ignore[attr-defined]
-    if isinstance(step, CondStep):
+    if isinstance(step, Cond):
         lines = [f"{indent}{outs} = cond {view_text(step.pred)}"]
-        parts = [("then", step.then_graph), ("else", step.else_graph)]
     else:
-        assert isinstance(step, WhileStep)
+        assert isinstance(step, While)
         lines = [f"{indent}{outs} = while"]
-        parts = [("cond", step.cond_graph), ("body", step.body_graph)]
-    for name, sub in parts:
+    for name, sub in children(step):
         lines.append(f"{indent}  {name}:")
         lines += graph_lines(sub, indent + "    ")
     return lines

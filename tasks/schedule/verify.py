@@ -4,9 +4,9 @@ written before them, and no two live arena buffers share a byte. Tests run it on
 from __future__ import annotations
 
 from tasks.ir.expr import loads, var
-from tasks.ir.nodes import Buffer, Pointwise, Reduction, Scatter
+from tasks.ir.nodes import Buffer, Pointwise, Reduction, Scatter, children
 from tasks.ir.verify import IRError, check_expr
-from tasks.schedule.model import CondStep, Kernel, Schedule, ScheduledGraph, WhileStep
+from tasks.schedule.model import Kernel, Schedule, ScheduledGraph
 from tasks.schedule.passes import Run, liveness, step_io
 
 
@@ -96,12 +96,8 @@ def _verify_graph(s: Schedule, g: ScheduledGraph, where: str) -> None:
         if unready:
             raise IRError(f"{where}: step {i} reads {unready} before any step writes them")
         ready.update(writes)
-        if isinstance(step, CondStep):
-            _verify_graph(s, step.then_graph, f"{where}.then")
-            _verify_graph(s, step.else_graph, f"{where}.else")
-        elif isinstance(step, WhileStep):
-            _verify_graph(s, step.cond_graph, f"{where}.cond")
-            _verify_graph(s, step.body_graph, f"{where}.body")
+        for part, sub in children(step):
+            _verify_graph(s, sub, f"{where}.{part}")
     missing = [o for o in g.outputs if o not in ready]
     if missing:
         raise IRError(f"{where}: outputs {missing} are never written")

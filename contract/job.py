@@ -25,8 +25,8 @@ class StageJob:
     project_root: str  # the model's project (for importing its factory)
     store_root: str  # the artifact store, for per-item entries
     entry: str  # "module:function" that runs the stage
-    # A digest of all of kiln's code the stage runs (its code:* key parts): the key part of any
-    # item the stage makes inside itself (a kernel's tuning, the runtime objects).
+    # A digest of the kiln code that makes the items the stage makes inside itself (a kernel's
+    # tuning: all the code the stage runs; link's runtime objects: tasks/link/runtime.py's).
     code: str = ""
     # The target the build is for (cpu, cuda): a build parameter, in the key of every stage that
     # declares it depends on it (Stage.by_target); tasks/targets picks its backend by it.

@@ -170,8 +170,12 @@ class Runner:
         return parts
 
     def code(self, stage: Stage) -> str:
-        """The digest of all the code the stage runs (what its job's items are keyed by)."""
-        entry = stage.entry_for(self.options.target)
+        """The digest of the code that makes the stage's items (StageJob.code, their key part).
+
+        Note: a stage that builds an item ahead (Stage.prebuild: link's runtime objects) makes it
+        with that module, so the item is keyed by that module's closure alone, the same for
+        every target; else by all the code the stage runs (autotune's kernel records)."""
+        entry = f"{stage.prebuild}:main" if stage.prebuild else stage.entry_for(self.options.target)
         return stage_code_digest(entry, scans=self.records) if entry else ""
 
     def probe(self, stage: Stage, *, forced: bool = False) -> tuple[Parts | None, str, Entry | None]:

@@ -289,3 +289,24 @@ def test_the_code_digest_items_are_keyed_by_covers_the_code_that_makes_them(tree
         codedeps.stage_code_digest("__main__:run", tree)
 
 
+
+
+def test_the_runtime_objects_are_keyed_by_their_builder_alone(tree: Path) -> None:
+    """link's runtime objects are built by tasks/link/runtime.py (ahead, or by link): their key
+    is that module's closure, the same for both targets, which holds runtime/ and the flags."""
+    link = next(s for s in STAGES if s.name == "link")
+    assert link.prebuild == "tasks.link.runtime"
+    codedeps.clear_memo()
+    before = codedeps.stage_code_digest(f"{link.prebuild}:main", tree)
+    edits = [("runtime/kiln_safetensors.h", True), ("contract/toolchain.py", True),
+             ("tasks/targets/cpu/link.py", False), ("tasks/targets/cuda/link.py", False),
+             ("tasks/link/stage.py", False)]
+    for rel, changes in edits:
+        path = tree / rel
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n")
+        try:
+            codedeps.forget_files()
+            assert (codedeps.stage_code_digest(f"{link.prebuild}:main", tree) != before) is changes, rel
+        finally:
+            path.write_bytes(original)

@@ -77,7 +77,8 @@ def test_the_runtime_is_built_ahead_once_and_link_finds_it(tmp_path: Path) -> No
     store = Store(tmp_path)
     link = next(stage for stage in STAGES if stage.name == "link")
     assert link.entry is not None
-    code = stage_code_digest(link.entry)
+    assert link.prebuild is not None
+    code = stage_code_digest(f"{link.prebuild}:main")  # what the runner keys the runtime by
     assert not runtime.is_cached(store, code)
     ahead = Prebuilds(store)
     ahead.start((link,), lambda stage: code)

@@ -1,7 +1,7 @@
 """kiln's runtime objects: a cache item of the link stage, keyed by the runtime's sources, the
 compiler and torch, so it is built once per machine, not once per model.
 
-Usage: python -m tasks.link.runtime STORE_ROOT CODE  (CODE: the link stage's code digest)
+Usage: python -m tasks.link.runtime STORE_ROOT CODE  (CODE: this module's code digest)
 Builds the item if the store lacks it; exits 0 if it built it, 3 if it found it built.
 
 Note: the item depends on no model, so it need not wait for link. On a cold cache the runner
@@ -33,9 +33,10 @@ UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp")
 
 def runtime_parts(cxx: str, env: Mapping[str, str], code: str) -> dict[str, str]:
     """The item's key parts; env holds the "cxx" and "torch" facts (contract.facts), code the
-    link stage's code digest."""
-    # Note: all the code link runs, which holds this module and every file of runtime/ (it
-    # compiles with -I runtime/, so any header there may be read): pipeline.codedeps finds both.
+    digest of this module's code closure (the runner's code() for link)."""
+    # Note: this module's closure holds every file of runtime/ (it compiles with -I runtime/,
+    # so any header there may be read) and the flags it compiles with: pipeline.codedeps finds
+    # them. It is the same for both targets, so one machine builds the runtime once.
     return {"code": code,
             "flags": digest_json([Path(cxx).name, *RUNTIME_FLAGS]), "cxx": env.get("cxx", ""),
             "torch": env.get("torch", "")}

@@ -8,7 +8,7 @@ For each model (default: mlp bert-small gpt2-small), in one run on one machine:
                aoti_load_package;
   kiln         cold compile (`python -m kiln compile MODEL --target cpu`, fresh cache), a
                no-op recompile, the link stage's seconds from report.json, then latency of
-               `pipeline.load(out)`;
+               `kiln.load(out)`;
   eager        latency under torch.no_grad().
 Latency is the median of --runs calls after --warmup calls. Every compile and every latency
 measurement runs in its own process (bench/workers.py), so nothing is warm, a native

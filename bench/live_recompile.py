@@ -3,7 +3,7 @@
 An in-memory module is traced on every compile (its key is the program it exports), so its
 second compile costs a trace and nothing below it. This measures that, as a user would see it:
 the model (a config's factory, seeded weights) is built in a fresh process and handed to
-`pipeline.compile`, twice, each time in a process of its own, on one fresh cache. Printed per
+`kiln.compile`, twice, each time in a process of its own, on one fresh cache. Printed per
 compile: the wall time of the compile() call, trace's seconds and every stage's status, and the
 max error of the loaded build against eager.
 """

@@ -8,6 +8,7 @@ needs. Fan-out inside a stage uses cache.items.ItemCache, one key per item.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -92,7 +93,6 @@ class Runner:
         self.entries: dict[str, Entry] = {}
         self.touched: set[str] = set()  # stages that ran, or were cut off below one that ran
         self._t0 = 0.0
-        self.machine = machine_facts(options.target)
         self.executor: Executor = executor_for(
             store, options.target, self.code, in_process=options.in_process, live=options.live is not None)
 
@@ -168,6 +168,12 @@ class Runner:
                 extra = output_parts(outputs)
             parts.update(extra)
         return parts
+
+    @functools.cached_property
+    def machine(self) -> dict[str, int]:
+        """The machine's cores and GPUs (contract.facts), measured when the first job is made:
+        a no-op recompile or an explain makes none and measures nothing."""
+        return machine_facts(self.options.target)
 
     def code(self, stage: Stage) -> str:
         """The digest of the code that makes the stage's items (StageJob.code, their key part).

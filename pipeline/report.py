@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
+from contract.timings import TimingRecord, read_timings
 from pipeline.runner import BuildResult
 
 REPORT = "report.json"
@@ -28,33 +29,29 @@ def report_json(result: BuildResult) -> dict[str, Any]:
     }
 
 
-def _variant_text(record: dict[str, Any]) -> str:
+def _variant_text(record: TimingRecord) -> str:
     """cpu: the variant's name; cuda: the variant and its config (XBLOCK, RBLOCK, warps)."""
-    config = record.get("config") or {}
+    config = record.config
     if "XBLOCK" not in config:
-        return str(record.get("variant", "-"))
-    text = f"{record.get('variant')} X{config['XBLOCK']} R{config['RBLOCK']} w{config['num_warps']}"
-    return text if record.get("tuned") else f"{text} (untuned)"
+        return record.variant
+    text = f"{record.variant} X{config['XBLOCK']} R{config['RBLOCK']} w{config['num_warps']}"
+    return text if record.tuned else f"{text} (untuned)"
 
 
 def kernel_rows(result: BuildResult) -> list[dict[str, Any]]:
     """One row per tuned kernel: variant chosen, its time, gain over the default variant and
     share of all kernels' time (each distinct kernel counted once per launch)."""
-    tuned, generated = result.entries.get("autotune"), result.entries.get("gen-tuning-code")
-    if tuned is None or generated is None or "timings.json" not in tuned.artifacts:
+    tuned = result.entries.get("autotune")
+    if tuned is None or "timings.json" not in tuned.artifacts:
         return []
-    records = json.loads(tuned.file("timings.json").read_text())
-    spec = json.loads(generated.file("kernels.json").read_text())["kernels"]
-    names = {k["key"]: k["names"] for k in spec}
-    origins = {k["key"]: ", ".join(k.get("origins", [])) for k in spec}
-    rows = []
+    records = read_timings(json.loads(tuned.file("timings.json").read_text()))
+    rows: list[dict[str, Any]] = []
     for key, r in records.items():
-        seconds = r.get("timings", {}).get(r.get("label") or r.get("variant"))
-        launches = len(names.get(key, [])) or 1
-        rows.append({"kernel": names.get(key, [key[:16]])[0], "origins": origins.get(key, ""),
+        launches = len(r.names) or 1
+        rows.append({"kernel": (r.names or (key[:16],))[0], "origins": ", ".join(r.origins),
                      "launches": launches, "variant": _variant_text(r),
-                     "config": r["config"], "seconds": seconds, "gain": r["gain"], "tuned": r["tuned"],
-                     "places": r.get("places", [])})
+                     "config": dict(r.config), "seconds": r.seconds, "gain": r.gain, "tuned": r.tuned,
+                     "places": list(r.places)})
     total = sum((row["seconds"] or 0) * row["launches"] for row in rows)
     for row in rows:
         row["share"] = round((row["seconds"] or 0) * row["launches"] / total, 4) if total else None

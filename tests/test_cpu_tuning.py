@@ -34,14 +34,14 @@ def _block_model() -> torch.nn.Module:
 def test_tune_py_runs_standalone_and_picks_a_checked_variant(tmp_path: Path) -> None:
     c = compile_fn(_block_model(), torch.randn(16, 64))
     spec = cpu.write(c.schedule, tmp_path, host_isa())
-    assert len(spec["kernels"]) == 1  # three identical layers: one kernel to tune
-    assert spec["kernels"][0]["names"] == [k.name for k in c.schedule.kernels]
+    assert len(spec.kernels) == 1  # three identical layers: one kernel to tune
+    assert list(spec.kernels[0].names) == [k.name for k in c.schedule.kernels]
     proc = subprocess.run([sys.executable, str(tmp_path / "tune.py"), "--repeat", "3"], capture_output=True,
                           text=True, env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"}, check=False)
     assert proc.returncode == 0, proc.stderr
     records = json.loads((tmp_path / "tuning.json").read_text())
     (record,) = records.values()
-    assert record["variant"] in {v["name"] for v in spec["kernels"][0]["variants"]}
+    assert record["variant"] in {v.name for v in spec.kernels[0].variants}
     assert all(t is not None for t in record["timings"].values()), record["errors"]
 
 
@@ -51,13 +51,13 @@ def test_a_broken_or_wrong_variant_scores_infinity(tmp_path: Path) -> None:
 
     c = compile_fn(lambda x: torch.softmax(x, -1), torch.randn(8, 33))
     spec = cpu.write(c.schedule, tmp_path, host_isa())
-    entry = spec["kernels"][0]
+    entry = spec.kernels[0].to_json()
     folder = tmp_path / "kernels"
     wrong, broken = entry["variants"][1], entry["variants"][2]
     text = (folder / wrong["file"]).read_text()
     (folder / wrong["file"]).write_text(text.replace("acc1 += ", "acc1 += 2 * "))
     (folder / broken["file"]).write_text("this is not C++")
-    record = tune_kernel(entry, folder, spec["compiler"], repeat=2)
+    record = tune_kernel(entry, folder, list(spec.compiler), repeat=2)
     assert record["timings"][wrong["name"]] is None
     assert "differ" in record["errors"][wrong["name"]]
     assert record["timings"][broken["name"]] is None

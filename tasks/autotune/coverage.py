@@ -3,33 +3,37 @@ control flow (a cond branch, a while_loop's condition or body)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
+from contract.timings import TimingRecord
+from tasks.gen_tuning.spec import KernelHead
 from tasks.schedule.model import MAIN
 
 
-def with_places(records: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each kernel's record with where its launches sit (kernels.json's places).
+def placed(record: Mapping[str, Any], entry: KernelHead, function: str) -> TimingRecord:
+    """A tuner's record of one kernel, with the kernel's names, origins and places.
 
-    Note: places are added here, not kept in the cached record: the same kernel one branch
-    further in is the same cache item."""
-    places = {e["key"]: e.get("places", []) for e in entries}
-    return {key: r | {"places": places.get(key, [])} for key, r in records.items()}
-
-
-def inside_control_flow(record: dict[str, Any]) -> bool:
-    return any(place != MAIN for place in record.get("places", []))
+    Note: these are added here, not kept in the cached record: the same kernel one branch
+    further in, or one layer further down, is the same cache item."""
+    return dataclasses.replace(TimingRecord.from_json(record), function=function, names=entry.names,
+                               origins=entry.origins, places=entry.places)
 
 
-def coverage(records: dict[str, Any]) -> dict[str, int]:
+def inside_control_flow(record: TimingRecord) -> bool:
+    return any(place != MAIN for place in record.places)
+
+
+def coverage(records: Mapping[str, TimingRecord]) -> dict[str, int]:
     every = list(records.values())
     inside = [r for r in every if inside_control_flow(r)]
     return {"kernels": len(every), "tuned": _tuned(every), "in_control_flow": len(inside),
             "in_control_flow_tuned": _tuned(inside)}
 
 
-def _tuned(records: list[dict[str, Any]]) -> int:
-    return sum(bool(r.get("tuned", True)) for r in records)
+def _tuned(records: list[TimingRecord]) -> int:
+    return sum(r.tuned for r in records)
 
 
 def coverage_text(c: dict[str, int]) -> str:

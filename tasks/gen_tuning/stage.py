@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from contract.job import StageJob
+from tasks.gen_tuning.spec import KernelsSpec
 from tasks.schedule import model
 
 
-def run_with(job: StageJob, write: Callable[[model.Schedule, Path], dict[str, Any]]) -> Mapping[str, Any]:
+def run_with(job: StageJob, write: Callable[[model.Schedule, Path], KernelsSpec]) -> Mapping[str, Any]:
     """The stage, with the target's writer: write(schedule, out) puts kernels/, kernels.json and
-    tune.py into out and returns kernels.json's data. Each target's gen-tuning-code entry
+    tune.py into out and returns kernels.json, typed. Each target's gen-tuning-code entry
     (tasks/targets/*/kernels.py) calls this."""
     schedule = model.schedule_from(json.loads(job.input("schedule/schedule.json").read_bytes()))
     spec = write(schedule, job.out_dir)
-    variants = sum(len(k["variants"]) for k in spec["kernels"])
-    return {"kernels": len(spec["kernels"]), "variants": variants,
-            "summary": f"{len(spec['kernels'])} distinct kernels, {variants} variants"}
+    variants = sum(len(k.variants) for k in spec.kernels)
+    return {"kernels": len(spec.kernels), "variants": variants,
+            "summary": f"{len(spec.kernels)} distinct kernels, {variants} variants"}

@@ -17,10 +17,12 @@ from typing import Any
 from cache.hashing import digest_file, digest_json, pretty_json
 from contract.errors import KilnError
 from contract.job import StageJob
+from contract.timings import TimingRecord, timings_json
 from contract.toolchain import cxx
-from tasks.autotune.coverage import coverage, coverage_text, with_places
+from tasks.autotune.coverage import coverage, coverage_text, placed
 from tasks.targets.cpu import tune as cpu_tune
 from tasks.targets.cpu.decisions import CpuDecision, tuning_json
+from tasks.targets.cpu.spec import CpuKernelEntry, CpuKernelsJson
 
 TUNING = "tuning.json"  # decisions only: what later stages read, so it is deterministic
 TIMINGS = "timings.json"  # the measurements behind them, for people and the report
@@ -31,65 +33,67 @@ REPEAT = 10
 
 def run(job: StageJob) -> Mapping[str, Any]:
     kernels_json = job.input("gen-tuning-code/kernels.json")
-    spec = json.loads(kernels_json.read_text())
-    folder = kernels_json.parent / spec["folder"]
+    spec = CpuKernelsJson.from_json(json.loads(kernels_json.read_text()))
+    folder = kernels_json.parent / spec.folder
     # Note: kernels.json names the compiler (tune.py finds it on PATH); here it is the one the
     # `cxx` key fact names.
-    compiler = [cxx(), *spec["compiler"][1:]]
+    compiler = [cxx(), *spec.compiler[1:]]
     items = job.items()
     tuner = job.code  # all the code the stage runs: this module's, the tuner's, what they import
-    records: dict[str, Any] = {}
+    records: dict[str, TimingRecord] = {}
     hits = 0
     used: list[str] = []
-    parts = {e["key"]: _item_parts(e, folder, spec["compiler"], job.env, tuner) for e in spec["kernels"]}
-    missing = [e for e in spec["kernels"] if items.lookup(parts[e["key"]]) is None]
+    parts = {e.key: _item_parts(e, folder, spec.compiler, job.env, tuner) for e in spec.kernels}
+    missing = [e.to_json() for e in spec.kernels if items.lookup(parts[e.key]) is None]
     objects = job.out_dir / OBJECTS
     objects.mkdir()
     with tempfile.TemporaryDirectory() as tmp:
         # Note: the builds of every kernel not in the cache run in parallel first; timing then
         # runs one kernel at a time, so no two measurements share the CPU.
         built = cpu_tune.build_variants(missing, folder, compiler, Path(tmp), job.machine.get("cores"))
-        for entry in spec["kernels"]:
+        for entry in spec.kernels:
 
-            def compute(out: Path, entry: dict[str, Any] = entry) -> dict[str, Any]:
-                return _tune(entry, folder, compiler, built.get(entry["key"]), out)
+            def compute(out: Path, entry: CpuKernelEntry = entry) -> dict[str, Any]:
+                return _tune(entry, folder, compiler, built.get(entry.key), out)
 
-            item, hit = items.get_or_compute(parts[entry["key"]], compute)
+            item, hit = items.get_or_compute(parts[entry.key], compute)
             hits += hit
             used.append(f"{item.stage}/{item.key}")
-            records[entry["key"]] = json.loads(item.file("record.json").read_text())
-            job.progress(len(records), len(spec["kernels"]), "kernels")
-            shutil.copyfile(item.file(OBJECT), objects / f"{entry['key'][:16]}.o")
-    decisions = {key: CpuDecision(r["variant"], r["config"], digest_file(objects / f"{key[:16]}.o"))
+            record = json.loads(item.file("record.json").read_text())
+            records[entry.key] = placed(record, entry, entry.function)
+            job.progress(len(records), len(spec.kernels), "kernels")
+            shutil.copyfile(item.file(OBJECT), objects / f"{entry.key[:16]}.o")
+    decisions = {key: CpuDecision(r.variant, r.config, digest_file(objects / f"{key[:16]}.o"))
                  for key, r in records.items()}
     (job.out_dir / TUNING).write_text(pretty_json(tuning_json(decisions)))
-    records = with_places(records, spec["kernels"])
-    (job.out_dir / TIMINGS).write_text(pretty_json(records))
+    (job.out_dir / TIMINGS).write_text(pretty_json(timings_json(records)))
     covered = coverage(records)
     note = f"{coverage_text(covered)} ({hits} cached)"
     return {"kernels": len(records), "cached": hits, "coverage": covered, "items": used, "summary": note}
 
 
-def _tune(entry: dict[str, Any], folder: Path, compiler: list[str], built: cpu_tune.Built | None,
+def _tune(entry: CpuKernelEntry, folder: Path, compiler: list[str], built: cpu_tune.Built | None,
           out: Path) -> dict[str, Any]:
     """One kernel's cache item: its record, and the object of the winning variant."""
+    plain = entry.to_json()
     with tempfile.TemporaryDirectory() as tmp:
         if built is None:
-            built = cpu_tune.build_variants([entry], folder, compiler, Path(tmp))[entry["key"]]
-        record = cpu_tune.tune_kernel(entry, folder, compiler, REPEAT, built)
+            built = cpu_tune.build_variants([plain], folder, compiler, Path(tmp))[entry.key]
+        record = cpu_tune.tune_kernel(plain, folder, compiler, REPEAT, built)
         winner = built[record["variant"]]
         if isinstance(winner, str):
-            raise KilnError(f"kernel {entry['names'][0]}: no variant builds ({winner})",
+            raise KilnError(f"kernel {entry.names[0]}: no variant builds ({winner})",
                             "this is a bug in kiln's C++ code generation; please report it")
         shutil.copyfile(winner.with_suffix(".o"), out / OBJECT)
     (out / "record.json").write_text(pretty_json(record))
     return {"variant": record["variant"]}
 
 
-def _item_parts(entry: dict[str, Any], folder: Path, compiler: list[str], env: Mapping[str, str],
+def _item_parts(entry: CpuKernelEntry, folder: Path, compiler: tuple[str, ...], env: Mapping[str, str],
                 tuner: str) -> dict[str, str]:
-    sources = [[v["name"], digest_file(folder / v["file"])] for v in entry["variants"]]
+    sources = [[v.name, digest_file(folder / v.file)] for v in entry.variants]
     header = digest_file(folder / "kiln_cpu.h")
-    return {"kernel": entry["key"], "sources": digest_json(sources), "header": header,
-            "params": digest_json(entry["params"]), "compiler": digest_json(compiler),
+    params = [p.to_json() for p in entry.params]
+    return {"kernel": entry.key, "sources": digest_json(sources), "header": header,
+            "params": digest_json(params), "compiler": digest_json(list(compiler)),
             "cxx": env.get("cxx", ""), "tuner": tuner}

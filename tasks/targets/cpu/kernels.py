@@ -17,10 +17,10 @@ from contract.job import StageJob
 from contract.toolchain import cxx, kernel_flags
 from tasks.codegen.cpp_build import RUNTIME
 from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
-from tasks.codegen.inputs import index_bounds
+from tasks.gen_tuning.spec import kernel_params
 from tasks.gen_tuning.stage import run_with
-from tasks.ir.serialize import buffer_json
 from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
+from tasks.targets.cpu.spec import CpuKernelEntry, CpuKernelsJson, CpuVariantFile
 from tasks.targets.cpu.symbols import function_for
 
 TUNER = Path(__file__).resolve().parent / "tune.py"  # copied into the build as tune.py
@@ -44,31 +44,27 @@ def run(job: StageJob) -> Mapping[str, Any]:
     return run_with(job, lambda schedule, out: write(schedule, out, job.env["isa"]))
 
 
-def write(schedule: Schedule, out: Path, isa: str) -> dict[str, Any]:
+def write(schedule: Schedule, out: Path, isa: str) -> CpuKernelsJson:
     folder = out / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RUNTIME / "kiln_cpu.h", folder / "kiln_cpu.h")
     places = kernel_places(schedule)
-    entries = [_entry(group, folder) | {"places": sorted({p for k in group for p in places.get(k.name, ())})}
-               for group in kernels_by_key(schedule).values()]
-    compiler = [Path(cxx()).name, *kernel_flags(isa)]
-    spec = {"target": "cpu", "folder": "kernels", "compiler": compiler, "kernels": entries}
-    (out / "kernels.json").write_text(pretty_json(spec))
+    entries = tuple(_entry(group, folder, tuple(sorted({p for k in group for p in places.get(k.name, ())})))
+                    for group in kernels_by_key(schedule).values())
+    spec = CpuKernelsJson("kernels", (Path(cxx()).name, *kernel_flags(isa)), entries)
+    (out / "kernels.json").write_text(pretty_json(spec.to_json()))
     shutil.copyfile(TUNER, out / "tune.py")
     return spec
 
 
-def _entry(group: list[Kernel], folder: Path) -> dict[str, Any]:
+def _entry(group: list[Kernel], folder: Path, places: tuple[str, ...]) -> CpuKernelEntry:
     k = group[0]
-    bounds = index_bounds(k)
     variants = []
     for variant in cpu_variants(k):
         rel = f"{k.key[:16]}/{variant.name}.cpp"
         (folder / rel).parent.mkdir(exist_ok=True)
         (folder / rel).write_text(kernel_source(k, variant, function_for(k.key)))
         config = {"parallel": variant.parallel, "simd": variant.simd, "split_r": variant.split_r}
-        variants.append({"name": variant.name, "file": rel, "config": config})
-    params = [buffer_json(p.spec) | {"role": p.role, "bound": bounds.get(p.name)} for p in k.params]
-    return {"key": k.key, "names": [g.name for g in group], "origins": list(k.origins[:3]),
-            "function": function_for(k.key),
-            "params": params, "variants": variants}
+        variants.append(CpuVariantFile(variant.name, rel, config))
+    return CpuKernelEntry(k.key, tuple(g.name for g in group), tuple(k.origins[:3]), places, kernel_params(k),
+                          function_for(k.key), tuple(variants))

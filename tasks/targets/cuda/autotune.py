@@ -27,22 +27,24 @@ from typing import Any
 from cache.hashing import digest_file, digest_json, pretty_json
 from contract.errors import KilnError
 from contract.job import StageJob
-from tasks.autotune.coverage import coverage, coverage_text, with_places
+from contract.timings import TimingRecord, timings_json
+from tasks.autotune.coverage import coverage, coverage_text, placed
 from tasks.targets.cuda import tune as cuda_tune
 from tasks.targets.cuda.decisions import CudaDecision, LaunchFacts, tuning_json
+from tasks.targets.cuda.spec import CudaKernelEntry, CudaKernelsJson
 
 CUBINS = "cubins"  # <key16>.cubin and <key16>.json (kernel name, warps, shared memory, scratch)
 
 
 def run(job: StageJob) -> Mapping[str, Any]:
     kernels_json = job.input("gen-tuning-code/kernels.json")
-    spec = json.loads(kernels_json.read_text())
-    folder = kernels_json.parent / spec["folder"]
+    spec = CudaKernelsJson.from_json(json.loads(kernels_json.read_text()))
+    folder = kernels_json.parent / spec.folder
     gpu = job.env.get("gpu", "none")
     tuner = job.code  # all the code the stage runs: this module's, the tuner's, what they import
     items = job.items()
-    parts = {e["key"]: _item_parts(e, folder, spec["arch"], job.env, tuner) for e in spec["kernels"]}
-    missing = [e for e in spec["kernels"] if items.lookup(parts[e["key"]]) is None]
+    parts = {e.key: _item_parts(e, folder, spec.arch, job.env, tuner) for e in spec.kernels}
+    missing = [e for e in spec.kernels if items.lookup(parts[e.key]) is None]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         made = Path(tmp)
@@ -56,42 +58,42 @@ def run(job: StageJob) -> Mapping[str, Any]:
     seconds = time.perf_counter() - started
     decisions = {key: _decision(r, job.out_dir / CUBINS / key[:16]) for key, r in records.items()}
     (job.out_dir / "tuning.json").write_text(pretty_json(tuning_json(decisions)))
-    records = with_places(records, spec["kernels"])
-    (job.out_dir / "timings.json").write_text(pretty_json(records))
+    (job.out_dir / "timings.json").write_text(pretty_json(timings_json(records)))
     covered = coverage(records)
     untuned = covered["kernels"] - covered["tuned"]
-    peak = max((r.get("peak_bytes", 0) for r in records.values()), default=0)
+    peak = max((r.peak_bytes for r in records.values()), default=0)
     note = f"{coverage_text(covered)} ({hits} cached)"
     if gpu == "none":
-        note += f" (no GPU: default candidates for sm_{spec['arch']})"
+        note += f" (no GPU: default candidates for sm_{spec.arch})"
     elif len(records) > hits:
         note += f"; tuning {seconds:.1f} s, peak {peak / 2**20:.1f} MB on {gpu}"
     return {"kernels": len(records), "cached": hits, "untuned": untuned, "coverage": covered,
             "tuning_seconds": round(seconds, 3), "peak_gpu_bytes": peak, "items": used, "summary": note}
 
 
-def _decision(record: Mapping[str, Any], stem: Path) -> CudaDecision:
+def _decision(record: TimingRecord, stem: Path) -> CudaDecision:
     """A kernel's decision: its record's choice, its cubin's digest and its launch facts."""
     launch = LaunchFacts.from_json(json.loads(stem.with_suffix(".json").read_text()))
-    return CudaDecision(record["variant"], record["function"], record["config"], bool(record["tuned"]),
+    config = {name: int(value) for name, value in record.config.items()}
+    return CudaDecision(record.variant, record.function, config, record.tuned,
                         digest_file(stem.with_suffix(".cubin")), launch)
 
 
-def _tune(kernels_json: Path, missing: list[dict[str, Any]], made: Path, gpus: int,
+def _tune(kernels_json: Path, missing: list[CudaKernelEntry], made: Path, gpus: int,
           on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     if not missing:
         return {}
-    records = cuda_tune.tune_all(kernels_json, [e["key"] for e in missing], made, gpus, on_progress)
+    records = cuda_tune.tune_all(kernels_json, [e.key for e in missing], made, gpus, on_progress)
     for r in records.values():
         if not (made / f"{r['key'][:16]}.cubin").is_file():
-            name = next(e["kernel"] for e in missing if e["key"] == r["key"])
+            name = next(e.kernel for e in missing if e.key == r["key"])
             raise KilnError(f"kernel {name}: no candidate runs on this GPU ({r.get('errors')})",
                             "this is a bug in kiln's Triton code generation; please report it")
     return records
 
 
-def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: Path, made: Path, cores: int,
-                   on_progress: Callable[[int, int], None]) -> dict[str, Any]:
+def _cross_compile(spec: CudaKernelsJson, missing: list[CudaKernelEntry], folder: Path, made: Path,
+                   cores: int, on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     """Each kernel's default variant and config, compiled for the arch: one worker process per
     core (triton's compiler holds the GIL), each importing triton once for its share."""
     workers = max(1, min(cores, len(missing)))
@@ -99,10 +101,10 @@ def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: 
     records: dict[str, Any] = {}
     lock = threading.Lock()
 
-    def run_share(share: list[dict[str, Any]]) -> None:
-        jobs = [{"entry": e, "folder": str(folder), "function": e["variants"][0]["function"],
-                 "config": e["variants"][0]["configs"][0], "arch": spec["arch"],
-                 "stem": str(made / e["key"][:16])} for e in share]
+    def run_share(share: list[CudaKernelEntry]) -> None:
+        jobs = [{"entry": e.to_json(), "folder": str(folder), "function": e.default()[0].function,
+                 "config": dict(e.default()[1]), "arch": spec.arch, "stem": str(made / e.key[:16])}
+                for e in share]
         env = dict(os.environ, TRITON_DISABLE_LINE_INFO="1")
         env.pop("TRITON_INTERPRET", None)
         with tempfile.TemporaryFile("w+") as errors:
@@ -113,17 +115,17 @@ def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: 
             proc.stdin.write(json.dumps(jobs))
             proc.stdin.close()
             for line in proc.stdout:  # one key per kernel compiled
-                entry = next(e for e in share if e["key"] == line.strip())
+                entry = next(e for e in share if e.key == line.strip())
                 with lock:
-                    records[entry["key"]] = _untuned_record(entry)
+                    records[entry.key] = _untuned_record(entry)
                     on_progress(len(records), len(missing))
             status = proc.wait()
             errors.seek(0)
             err = errors.read()
         if status != 0:
-            failed = next(e for e in share if e["key"] not in records)
-            raise KilnError(f"kernel {failed['kernel']}: its default candidate does not compile for "
-                            f"sm_{spec['arch']}:\n{err[-2000:]}",
+            failed = next(e for e in share if e.key not in records)
+            raise KilnError(f"kernel {failed.kernel}: its default candidate does not compile for "
+                            f"sm_{spec.arch}:\n{err[-2000:]}",
                             "this is a bug in kiln's Triton code generation; please report it")
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -132,11 +134,12 @@ def _cross_compile(spec: dict[str, Any], missing: list[dict[str, Any]], folder: 
     return records
 
 
-def _untuned_record(entry: dict[str, Any]) -> dict[str, Any]:
-    variant = entry["variants"][0]
-    label = f"{variant['name']}:0"
-    return {"key": entry["key"], "label": label, "variant": variant["name"], "function": variant["function"],
-            "config": variant["configs"][0], "default": label, "timings": {}, "errors": {}, "gain": None,
+def _untuned_record(entry: CudaKernelEntry) -> dict[str, Any]:
+    """The record of a kernel compiled without a GPU, in a tuner's form."""
+    variant, config = entry.default()
+    label = f"{variant.name}:0"
+    return {"key": entry.key, "label": label, "variant": variant.name, "function": variant.function,
+            "config": dict(config), "default": label, "timings": {}, "errors": {}, "gain": None,
             "tuned": False}
 
 
@@ -154,15 +157,15 @@ for job in json.loads(sys.stdin.read()):
 """
 
 
-def _store(spec: dict[str, Any], parts: dict[str, dict[str, str]], fresh: dict[str, Any], made: Path,
-           items: Any, cubins: Path) -> tuple[dict[str, Any], list[str], int]:
+def _store(spec: CudaKernelsJson, parts: dict[str, dict[str, str]], fresh: dict[str, Any], made: Path,
+           items: Any, cubins: Path) -> tuple[dict[str, TimingRecord], list[str], int]:
     """Every kernel's record and cubin: fresh ones into the cache, all into cubins/."""
     cubins.mkdir()
-    records: dict[str, Any] = {}
+    records: dict[str, TimingRecord] = {}
     used: list[str] = []
     hits = 0
-    for entry in spec["kernels"]:
-        key = entry["key"]
+    for entry in spec.kernels:
+        key = entry.key
 
         def compute(out: Path, key: str = key) -> dict[str, Any]:
             for suffix in (".cubin", ".json"):
@@ -174,22 +177,22 @@ def _store(spec: dict[str, Any], parts: dict[str, dict[str, str]], fresh: dict[s
         hits += hit
         used.append(f"{item.stage}/{item.key}")
         record = json.loads(item.file("record.json").read_text())
-        functions = {v["name"]: v["function"] for v in entry["variants"]}
-        records[key] = record | {"function": functions.get(record.get("variant"), record.get("function"))}
+        functions = {v.name: v.function for v in entry.variants}
+        records[key] = placed(record, entry, functions.get(record["variant"], record["function"]))
         for suffix in (".cubin", ".json"):
             shutil.copyfile(item.file(f"kernel{suffix}"), cubins / f"{key[:16]}{suffix}")
     return records, used, hits
 
 
-def _item_parts(entry: dict[str, Any], folder: Path, arch: int, env: Mapping[str, str],
+def _item_parts(entry: CudaKernelEntry, folder: Path, arch: int, env: Mapping[str, str],
                 tuner: str) -> dict[str, str]:
     gpu = env.get("gpu", "none")
     # Note: the kernel's name (k12_...) says where it sits in this model, so it is left out: the
     # same kernel one layer further down is the same cache item.
-    source = (folder / entry["file"]).read_text().replace(entry["kernel"], "KERNEL")
-    candidates = [[v["name"], v["configs"]] for v in entry["variants"]]
-    return {"kernel": entry["key"], "source": digest_json(source),
-            "candidates": digest_json(candidates), "params": digest_json(entry["params"]),
+    source = (folder / entry.file).read_text().replace(entry.kernel, "KERNEL")
+    candidates = [[v.name, [dict(c) for c in v.configs]] for v in entry.variants]
+    return {"kernel": entry.key, "source": digest_json(source),
+            "candidates": digest_json(candidates), "params": digest_json([p.to_json() for p in entry.params]),
             "gpu": gpu if gpu != "none" else f"none/sm_{arch}", "triton": env.get("triton", ""),
             "torch": env.get("torch", ""), "ptxas": env.get("ptxas", ""), "arch": env.get("arch", ""),
             "tuner": tuner}

@@ -16,7 +16,6 @@ from typing import Any
 from cache.hashing import pretty_json
 from contract.job import StageJob
 from contract.toolchain import CROSS_ARCH
-from tasks.codegen.inputs import index_bounds
 from tasks.codegen.triton_kernel import (
     TritonVariant,
     configs,
@@ -28,9 +27,10 @@ from tasks.codegen.triton_kernel import (
     triton_variants,
     xnumel,
 )
+from tasks.gen_tuning.spec import kernel_params
 from tasks.gen_tuning.stage import run_with
-from tasks.ir.serialize import buffer_json
 from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
+from tasks.targets.cuda.spec import CudaKernelEntry, CudaKernelsJson, TritonVariantEntry
 
 TUNER = Path(__file__).resolve().parent / "tune.py"  # copied into the build as tune.py
 
@@ -44,14 +44,14 @@ def run(job: StageJob) -> Mapping[str, Any]:
     return run_with(job, write)
 
 
-def write(schedule: Schedule, out: Path) -> dict[str, Any]:
+def write(schedule: Schedule, out: Path) -> CudaKernelsJson:
     folder = out / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     places = kernel_places(schedule)
-    entries = [_entry(group, folder) | {"places": sorted({p for k in group for p in places.get(k.name, ())})}
-               for group in kernels_by_key(schedule).values()]
-    spec = {"target": "cuda", "folder": "kernels", "arch": CROSS_ARCH, "kernels": entries}
-    (out / "kernels.json").write_text(pretty_json(spec))
+    entries = tuple(_entry(group, folder, tuple(sorted({p for k in group for p in places.get(k.name, ())})))
+                    for group in kernels_by_key(schedule).values())
+    spec = CudaKernelsJson("kernels", CROSS_ARCH, entries)
+    (out / "kernels.json").write_text(pretty_json(spec.to_json()))
     shutil.copyfile(TUNER, out / "tune.py")
     return spec
 
@@ -64,18 +64,13 @@ def module_source(k: Kernel, name: str, variants: list[TritonVariant]) -> str:
     return f"{text}\n\n\nCONFIGS = {table!r}\n"
 
 
-def _entry(group: list[Kernel], folder: Path) -> dict[str, Any]:
+def _entry(group: list[Kernel], folder: Path, places: tuple[str, ...]) -> CudaKernelEntry:
     k = group[0]
     name = kernel_name(k)
     variants = triton_variants(k)
     rel = f"{k.key[:16]}.py"
     (folder / rel).write_text(module_source(k, name, variants))
-    bounds = index_bounds(k)
-    params = [buffer_json(p.spec) | {"role": p.role, "bound": bounds.get(p.name)} for p in k.params]
-    return {
-        "key": k.key, "names": [g.name for g in group], "origins": list(k.origins), "kernel": name,
-        "file": rel, "params": params, "signature": signature(k),
-        "xnumel": xnumel(k), "rnumel": max(1, rnumel(k)),
-        "variants": [{"name": v.kind, "function": function_for(name, v), "configs": configs(k, v),
-                      "tile": list(tile_numels(k, v))} for v in variants],
-    }
+    entries = tuple(TritonVariantEntry(v.kind, function_for(name, v), tuple(configs(k, v)), tile_numels(k, v))
+                    for v in variants)
+    return CudaKernelEntry(k.key, tuple(g.name for g in group), tuple(k.origins), places, kernel_params(k),
+                           name, rel, signature(k), xnumel(k), max(1, rnumel(k)), entries)

@@ -1,0 +1,225 @@
+"""The model zoo: real models as users hold them (torchvision, timm, transformers, and a few
+hand-written blocks), each compiled with `kiln.compile` and checked against eager.
+
+Usage:
+    python scripts/zoo.py [--models a,b | --family tv] [--target cpu|cuda] [--dtype float32|float16|bfloat16]
+                          [--jobs N] [--timeout S] [--out DIR]
+
+Each model runs in a process of its own (a native crash or a hang costs that model only), and
+prints one JSON line: its status (ok, mismatch, error, crash, timeout, skipped), the first line
+of any error, the error relative to eager's largest output and the seconds it took. The table
+at the end counts them by status. Models whose package is not installed are skipped; the CPU
+CI machine has transformers, the GPU machine torchvision and timm too.
+
+Note: a model is built as its package builds it (random init, eval mode) and gets the inputs
+its family takes: images (N, 3, 224, 224) or token ids (N, 32). Nothing is wrapped for kiln.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TOLERANCE = {"float32": 2e-3, "float16": 2e-2, "bfloat16": 6e-2}  # of eager's largest |output|
+
+TORCHVISION = [
+    "resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "regnet_y_400mf",
+    "densenet121", "squeezenet1_0", "shufflenet_v2_x0_5", "mnasnet0_5", "googlenet", "vgg11",
+    "alexnet", "convnext_tiny", "vit_b_16", "swin_t", "maxvit_t", "wide_resnet50_2", "resnext50_32x4d",
+    "efficientnet_v2_s", "regnet_x_400mf",
+]
+TIMM = ["vit_tiny_patch16_224", "convnext_atto", "efficientnet_b0", "resnet18", "deit_tiny_patch16_224"]
+TRANSFORMERS = ["gpt2", "llama", "bert", "t5", "distilbert", "mistral", "opt", "bart", "roberta"]
+BLOCKS = ["bn_block", "conv_bn_relu", "bn_inplace_relu"]
+
+
+def _torchvision(name: str) -> Any:
+    import torchvision
+
+    return torchvision.models.get_model(name, weights=None)
+
+
+def _timm(name: str) -> Any:
+    import timm  # type: ignore[import-not-found, unused-ignore]
+
+    return timm.create_model(name, pretrained=False)
+
+
+# Tiny configs keep the CPU run short; on the GPU the default configs are used (--full).
+_HF_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+            "n_embd": 64, "n_layer": 2, "n_head": 4, "d_model": 64, "num_layers": 2, "num_heads": 4,
+            "d_ff": 128, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "ffn_dim": 128,
+            "dim": 64, "n_heads": 4, "hidden_dim": 128, "num_key_value_heads": 2, "word_embed_proj_dim": 64}
+_HF = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+       "bert": ("BertConfig", "BertModel"), "t5": ("T5Config", "T5ForConditionalGeneration"),
+       "distilbert": ("DistilBertConfig", "DistilBertModel"),
+       "mistral": ("MistralConfig", "MistralForCausalLM"),
+       "opt": ("OPTConfig", "OPTForCausalLM"), "bart": ("BartConfig", "BartForConditionalGeneration"),
+       "roberta": ("RobertaConfig", "RobertaModel")}
+
+
+def _transformers(name: str, full: bool) -> Any:
+    import transformers
+
+    config_name, model_name = _HF[name]
+    config_class = getattr(transformers, config_name)
+    config = config_class()
+    if not full:
+        for key, value in _HF_TINY.items():
+            if hasattr(config, key):
+                setattr(config, key, value)
+        if hasattr(config, "vocab_size"):
+            config.vocab_size = 1000
+    config.tie_word_embeddings = getattr(config, "tie_word_embeddings", True)
+    return getattr(transformers, model_name)(config)
+
+
+def _block(name: str) -> Any:
+    from torch import nn
+
+    blocks: dict[str, Callable[[], Any]] = {
+        "bn_block": lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10)),
+        "conv_bn_relu": lambda: nn.Sequential(nn.Conv2d(3, 16, 3, stride=2), nn.BatchNorm2d(16), nn.ReLU6(),
+                                              nn.Conv2d(16, 16, 1), nn.BatchNorm2d(16), nn.Hardswish()),
+        "bn_inplace_relu": lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                                                 nn.MaxPool2d(2), nn.BatchNorm2d(8, affine=False)),
+    }
+    return blocks[name]()
+
+
+def family_of(model: str) -> str:
+    return model.split(":", 1)[0]
+
+
+def every_model() -> list[str]:
+    return ([f"tv:{m}" for m in TORCHVISION] + [f"timm:{m}" for m in TIMM] + [f"hf:{m}" for m in TRANSFORMERS]
+            + [f"block:{m}" for m in BLOCKS])
+
+
+def build(model: str, full: bool) -> tuple[Any, Callable[[int], tuple[Any, ...]]]:
+    """The module, and a function of the batch size giving its example inputs."""
+    import torch
+
+    family, name = model.split(":", 1)
+    makers: dict[str, Callable[[], Any]] = {
+        "tv": lambda: _torchvision(name), "timm": lambda: _timm(name),
+        "hf": lambda: _transformers(name, full), "block": lambda: _block(name)}
+    module = makers[family]()
+    if family == "hf":
+        vocab = min(getattr(module.config, "vocab_size", 1000), 1000)
+        return module, lambda n: (torch.randint(0, vocab, (n, 32)),)
+    size = 64 if family == "block" else 224
+    return module, lambda n: (torch.randn(n, 3, size, size),)
+
+
+def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, out: Path) -> dict[str, Any]:
+    import torch
+    from torch.utils import _pytree as pytree
+
+    import kiln
+
+    torch.manual_seed(0)
+    dtype = getattr(torch, dtype_name)
+    device = "cuda" if target == "cuda" else "cpu"
+    module, inputs_for = build(model, full)
+    module = module.eval().to(device)
+    inputs = tuple(t.to(device) for t in inputs_for(2))
+    if dtype != torch.float32:
+        module = module.to(dtype)
+        inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
+    with torch.no_grad():
+        want = module(*inputs)
+    compiled = kiln.compile(module, inputs, target=target, out=out, cache_dir=cache)
+    got = compiled(*inputs)
+    if type(got) is not type(want):
+        return {"status": "mismatch", "error": f"returns {type(got).__name__}, eager {type(want).__name__}"}
+    pairs = list(zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=False))
+    worst, scale = 0.0, 1.0
+    for a, b in pairs:
+        if isinstance(b, torch.Tensor) and b.numel():
+            worst = max(worst, float((a.double().to(b.device) - b.double()).abs().max()))
+            scale = max(scale, float(b.double().abs().max()))
+    relative = worst / scale
+    status = "ok" if relative <= TOLERANCE[dtype_name] else "mismatch"
+    return {"status": status, "relative_error": relative, "outputs": len(pairs)}
+
+
+def _child(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    try:
+        found = run_one(args.child, args.target, args.dtype, args.full, Path(args.cache),
+                        Path(args.out) / "builds" / args.child.replace(":", "_"))
+    except ModuleNotFoundError as err:
+        found = {"status": "skipped", "error": str(err)}
+    except Exception as err:  # the model's failure is the finding
+        found = {"status": "error", "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
+                 if str(err).strip() else type(err).__name__}
+    found["seconds"] = round(time.perf_counter() - started, 1)
+    print("ZOO " + json.dumps(found), flush=True)
+    return 0
+
+
+def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", model, "--target", args.target, "--dtype", args.dtype,
+           "--cache", str(args.out / "cache"), "--out", str(args.out)] + (["--full"] if args.full else [])
+    log = args.out / "logs" / f"{model.replace(':', '_')}.log"
+    started = time.perf_counter()
+    try:
+        with log.open("w") as sink:
+            done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=sink, text=True,
+                                  timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"model": model, "status": "timeout", "seconds": args.timeout}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ZOO ")]
+    if not lines:
+        return {"model": model, "status": "crash", "error": f"exit {done.returncode}",
+                "seconds": round(time.perf_counter() - started, 1)}
+    found: dict[str, Any] = json.loads(lines[-1][4:])
+    return {"model": model} | found
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", help="comma-separated, e.g. tv:resnet18,hf:gpt2 (default: every model)")
+    p.add_argument("--family", help="only this family: tv, timm, hf or block")
+    p.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
+    p.add_argument("--full", action="store_true", help="transformers' default configs, not tiny ones")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--timeout", type=int, default=600, help="seconds per model")
+    p.add_argument("--out", type=Path, default=ROOT / "build" / "zoo")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--cache", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return _child(args)
+    models = args.models.split(",") if args.models else every_model()
+    if args.family:
+        models = [m for m in models if family_of(m) == args.family]
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    results = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for found in pool.map(lambda m: _spawn(m, args), models):
+            print(json.dumps(found), flush=True)
+            results.append(found)
+    (args.out / "zoo.json").write_text(json.dumps(results, indent=1))
+    counts = Counter(r["status"] for r in results)
+    print("zoo:", ", ".join(f"{n} {status}" for status, n in counts.most_common()), f"of {len(results)}")
+    return 0 if not counts.keys() - {"ok", "skipped"} else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())

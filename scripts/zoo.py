@@ -25,7 +25,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -211,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     results = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for found in pool.map(lambda m: _spawn(m, args), models):
-            print(json.dumps(found), flush=True)
-            results.append(found)
+        for future in as_completed([pool.submit(_spawn, m, args) for m in models]):
+            results.append(future.result())
+            print(json.dumps(results[-1]), flush=True)
+    results.sort(key=lambda r: models.index(r["model"]))
     (args.out / "zoo.json").write_text(json.dumps(results, indent=1))
     counts = Counter(r["status"] for r in results)
     print("zoo:", ", ".join(f"{n} {status}" for status, n in counts.most_common()), f"of {len(results)}")

@@ -7,10 +7,14 @@ from typing import Any
 import pytest
 import torch
 
+from tasks.ir.interpret import run_graph
+from tasks.ir.nodes import Graph
 from tasks.ir.oracle import export, program_data
-from tasks.lower.context import Call, Lower, LoweringError
-from tasks.lower.program import lower_program
+from tasks.lower.context import Call, Lower, LoweringError, OutMeta
+from tasks.lower.program import GraphLowering, bind, lower_program, target_name
 from tasks.lower.registry import LOWERINGS
+from tasks.lower.values import TensorValue
+from tests.lowering_harness import lower_op
 from tests.schedule_harness import compile_fn
 
 
@@ -83,3 +87,25 @@ def test_attentions_that_read_one_boolean_mask_share_its_conversion() -> None:
              if any(o.startswith("scaled_dot_product_attention") for o in k.origins)]
     assert len(masks) == 1
     assert [p.role for p in masks[0].params] == ["in", "out"]
+
+
+def test_batch_norm_saved_statistics_are_what_the_exported_kernel_returned() -> None:
+    """CPU's eval batch norm returns empty statistics, CUDA's the running mean and
+    1/sqrt(running var + eps): a model exported on a GPU carries (C,) metas, which every
+    torchvision model with BatchNorm hit. Both forms lower, and the CUDA form's values are right."""
+    op = torch.ops.aten._native_batch_norm_legit_no_training.default
+    x, w, b, mean = torch.randn(2, 7, 3, 5), torch.randn(7), torch.randn(7), torch.randn(7)
+    var = torch.rand(7) + 0.1
+    graph, feeds = lower_op(op, (x, w, b, mean, var, 0.1, 1e-5), {})
+    assert [tuple(t.shape) for t in run_graph(graph, feeds)] == [(2, 7, 3, 5), (0,), (0,)]
+
+    ctx = Lower("cpu")
+    bound = bind(op, (*(TensorValue.of(buffer) for buffer in graph.inputs), 0.1, 1e-5), {})
+    f32 = graph.inputs[0].dtype
+    cuda_metas = (OutMeta((2, 7, 3, 5), f32), OutMeta((7,), f32), OutMeta((7,), f32))
+    result = LOWERINGS[target_name(op)](ctx, Call(target_name(op), "n", bound, cuda_metas))
+    outputs = GraphLowering(ctx, lambda _node: "").finish_outputs(list(result))
+    y, saved_mean, saved_rstd = run_graph(Graph(graph.inputs, tuple(ctx.nodes), outputs), feeds)
+    torch.testing.assert_close(y, torch.nn.functional.batch_norm(x, mean, var, w, b, False, 0.1, 1e-5))
+    torch.testing.assert_close(saved_mean, mean)
+    torch.testing.assert_close(saved_rstd, torch.rsqrt(var + 1e-5))

@@ -274,7 +274,7 @@ def _layer_norm(ctx: Lower, call: Call) -> tuple[TensorValue, TensorValue, Tenso
 
 
 @register("aten._native_batch_norm_legit_no_training.default")
-def _batch_norm(ctx: Lower, call: Call) -> tuple[TensorValue, TensorValue, TensorValue]:
+def _batch_norm(ctx: Lower, call: Call) -> tuple[TensorValue, ...]:
     x, weight, bias = call.tensor("input"), call["weight"], call["bias"]
     mean, var, eps = call.tensor("running_mean"), call.tensor("running_var"), call["eps"]
     channel_shape = (x.shape[1],) + (1,) * (x.ndim - 2)
@@ -286,8 +286,32 @@ def _batch_norm(ctx: Lower, call: Call) -> tuple[TensorValue, TensorValue, Tenso
                        weight is not None, bias is not None)
 
     y = pointwise_of(ctx, x.shape, x.dtype, call.origin, [x, *per_channel], out)
-    empty = ctx.pointwise((0,), x.dtype, call.origin, lambda loop: const(0, x.dtype))
-    return y, empty, empty
+    return (y, *_batch_norm_saved(ctx, call, mean, var))
+
+
+def _batch_norm_saved(ctx: Lower, call: Call, mean: TensorValue, var: TensorValue) -> list[TensorValue]:
+    """The saved statistics eval-mode batch norm returns besides its output.
+
+    Note: torch's kernels differ here, and the export records which one ran: on CPU they are
+    empty, on CUDA the running mean and 1/sqrt(running var + eps), per channel. Each is made as
+    its meta says (what a later node, or the graph's output, may read)."""
+    metas = call.out if isinstance(call.out, tuple) else ()
+    eps = call["eps"]
+    saved = []
+    for i, stat in ((1, mean), (2, var)):
+        meta = metas[i] if i < len(metas) else None
+        if meta is None or meta.shape != stat.shape:
+            saved.append(_empty(ctx, meta.dtype if meta is not None else stat.dtype, call.origin))
+            continue
+        if i == 2:
+            stat = pointwise_of(ctx, stat.shape, stat.dtype, call.origin, [stat],
+                                lambda a: unary(Op.RSQRT, binary(Op.ADD, a[0], const(eps, a[0].dtype))))
+        saved.append(to_dtype(ctx, stat, meta.dtype, call.origin))
+    return saved
+
+
+def _empty(ctx: Lower, dtype: DType, origin: str) -> TensorValue:
+    return ctx.pointwise((0,), dtype, origin, lambda loop: const(0, dtype))
 
 
 @register("aten.native_group_norm.default")

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -119,6 +120,9 @@ def build(model: str, full: bool) -> tuple[Any, Callable[[int], tuple[Any, ...]]
     module = makers[family]()
     if family == "hf":
         vocab = min(getattr(module.config, "vocab_size", 1000), 1000)
+        if getattr(module.config, "is_encoder_decoder", False):  # ids, attention mask, decoder ids
+            return module, lambda n: (torch.randint(0, vocab, (n, 32)), torch.ones(n, 32, dtype=torch.long),
+                                      torch.randint(0, vocab, (n, 16)))
         return module, lambda n: (torch.randint(0, vocab, (n, 32)),)
     size = 64 if family == "block" else 224
     return module, lambda n: (torch.randn(n, 3, size, size),)
@@ -164,6 +168,7 @@ def _child(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as err:
         found = {"status": "skipped", "error": str(err)}
     except Exception as err:  # the model's failure is the finding
+        traceback.print_exc()
         found = {"status": "error", "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
                  if str(err).strip() else type(err).__name__}
     found["seconds"] = round(time.perf_counter() - started, 1)

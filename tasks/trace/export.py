@@ -14,7 +14,7 @@ import contextlib
 import inspect
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,39 @@ def export_program(
 
 
 def export_only(
-    module: torch.nn.Module, args: tuple[Any, ...], model: str, root: Path
+    module: torch.nn.Module, args: tuple[Any, ...], model: str, root: Path,
+    warn: Callable[[str], None] = lambda _text: None,
 ) -> torch.export.ExportedProgram:
     """torch.export as it is: its weights are final, its graph not yet decomposed."""
-    with _export_errors(model, root):
+    with _export_errors(model, root), _without_kv_cache(module) as turned_off:
+        if turned_off:
+            warn(f"model {model!r}: use_cache turned off for the compile: the compiled forward returns "
+                 "no past_key_values (kiln compiles one forward pass, not a generation loop with a KV "
+                 "cache)")
         return torch.export.export(module, args, strict=False)
+
+
+@contextlib.contextmanager
+def _without_kv_cache(module: torch.nn.Module) -> Iterator[bool]:
+    """A transformers model whose config turns its KV cache on, with it off for the export.
+
+    Note: with use_cache on (transformers' default), a decoder returns its cache as a Cache
+    object that torch's pytree does not know, and export fails. The caller gave no
+    past_key_values and asked for no cache (kiln's compile takes the inputs alone), so the
+    program is exported as the same forward without one, and the user is told once. Every
+    submodule's config is turned off: an encoder-decoder's stacks hold copies of it (T5)."""
+    configs: dict[int, Any] = {}
+    for submodule in module.modules():
+        config = getattr(submodule, "config", None)
+        if getattr(config, "use_cache", None) is True:
+            configs[id(config)] = config
+    for config in configs.values():
+        config.use_cache = False
+    try:
+        yield bool(configs)
+    finally:
+        for config in configs.values():
+            config.use_cache = True
 
 
 def decompose(program: torch.export.ExportedProgram, model: str, root: Path) -> torch.export.ExportedProgram:

@@ -30,7 +30,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
         if checkpoint is not None:
             load_checkpoint(module, Path(checkpoint), job.model)
         args = example_inputs(job.config["inputs"], job.config["weights.seed"])
-    exported = export_only(module, args, job.model, root)
+    exported = export_only(module, args, job.model, root, job.warnings.append)
     out = job.out_dir
     with WeightsWriter(weight_tensors(exported), out / WEIGHTS) as weights:
         program = decompose(exported, job.model, root)

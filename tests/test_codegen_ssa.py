@@ -1,0 +1,55 @@
+"""The SSA walk both expression writers share: every node named once, a masked body's node
+written under its masks' condition, whichever order the roots reach the masks in."""
+
+from __future__ import annotations
+
+from tasks.codegen.cpp_expr import ExprWriter
+from tasks.codegen.ssa import mask_contexts
+from tasks.ir.dtypes import DType
+from tasks.ir.expr import Expr, Op, binary, const, load, masked, unary, var
+
+
+def _shared_under_two_masks() -> tuple[Expr, Expr, Expr]:
+    """A load reached only inside two masked bodies (rotate-half's cat in llama's rotary
+    embedding does this): its guard names both masks."""
+    x = var("x0")
+    shared = unary(Op.EXP, load("in0", DType.F32, (x,)))
+    low = binary(Op.LT, x, const(4, DType.I64))
+    high = binary(Op.GE, x, const(4, DType.I64))
+    first = masked(low, shared, const(0.0, DType.F32))
+    second = masked(high, binary(Op.MUL, shared, const(2.0, DType.F32)), const(0.0, DType.F32))
+    return binary(Op.ADD, first, second), low, high
+
+
+def test_a_node_under_two_masks_is_guarded_by_either() -> None:
+    root, low, high = _shared_under_two_masks()
+    guards = mask_contexts([root])
+    shared = next(k for k, g in guards.items() if "||" in g)
+    assert guards[shared] == " || ".join(sorted((f"(@{low.key})", f"(@{high.key})")))
+
+
+def test_every_mask_a_guard_names_is_written_before_the_guarded_node() -> None:
+    root, _, _ = _shared_under_two_masks()
+    guards_seen: list[str | None] = []
+
+    def load_text(e: Expr, index: list[str], guard: str | None) -> str:
+        guards_seen.append(guard)
+        return f"in0[{index[0]}]" if guard is None else f"(({guard}) ? in0[{index[0]}] : 0.0f)"
+
+    lines = ExprWriter(load_text, {"x0": 8}).emit([root])
+    (guard,) = [g for g in guards_seen if g is not None]
+    for name in guard.replace("(", " ").replace(")", " ").replace("||", " ").split():
+        defined = next(i for i, line in enumerate(lines) if line.split(" = ")[0].endswith(f" {name}"))
+        assert defined < next(i for i, line in enumerate(lines) if "in0[" in line)
+
+
+def test_a_context_inside_another_is_absorbed() -> None:
+    """(a) || (a && b) is (a): the guard never waits on a mask it does not need."""
+    x = var("x0")
+    outer = binary(Op.LT, x, const(6, DType.I64))
+    value = load("in0", DType.F32, (x,))
+    inner = binary(Op.GT, value, const(0.0, DType.F32))
+    shared = unary(Op.EXP, value)
+    body = binary(Op.ADD, shared, masked(inner, shared, const(0.0, DType.F32)))
+    guards = mask_contexts([masked(outer, body, const(0.0, DType.F32))])
+    assert guards[shared.key] == f"(@{outer.key})"

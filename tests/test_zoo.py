@@ -1,0 +1,39 @@
+"""Real models as users hold them, through kiln.compile, against eager (scripts/zoo.py's check):
+tiny configs of transformers' decoders (their KV cache on, as by default) and encoder-decoders,
+and BatchNorm blocks. The GPU machine runs the whole zoo: `python scripts/zoo.py --target cuda`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from scripts.zoo import build, run_one
+
+
+@pytest.mark.parametrize("model", ["hf:gpt2", "hf:llama", "hf:t5", "block:bn_block", "block:bn_inplace_relu"])
+def test_a_zoo_model_matches_eager(model: str, tmp_path: Path) -> None:
+    if model.startswith("hf:"):
+        pytest.importorskip("transformers")
+    found = run_one(model, "cpu", "float32", False, tmp_path / "cache", tmp_path / "build")
+    assert found["status"] == "ok", found
+
+
+def test_a_decoders_kv_cache_is_turned_off_for_the_compile_and_back_on_after(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    import kiln
+
+    module, inputs_for = build("hf:gpt2", full=False)
+    module.eval()
+    assert module.config.use_cache
+    inputs = inputs_for(1)
+    compiled = kiln.compile(module, inputs, target="cpu", out=tmp_path / "b", cache_dir=tmp_path / "c")
+    assert "use_cache turned off" in capfd.readouterr().err
+    assert module.config.use_cache  # the user's module is as it was
+    got = compiled(*inputs)
+    assert type(got).__name__ == "CausalLMOutputWithCrossAttentions"
+    assert got.past_key_values is None
+    with torch.no_grad():
+        torch.testing.assert_close(got.logits, module(*inputs).logits, rtol=1e-4, atol=1e-4)

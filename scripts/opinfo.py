@@ -1,0 +1,217 @@
+"""PyTorch's OpInfo database through `kiln.compile`: `make opinfo`.
+
+Usage:
+    python scripts/opinfo.py [--ops add,cumsum | --sample N --seed S] [--samples K] [--jobs N]
+                             [--timeout S] [--out DIR]
+
+Each op of `op_db` (the installed torch's, float32, on CPU) gets its first K sample inputs, the
+samples its own tests use. An op is judged only where its eager result can be judged: eager
+gives the same result twice (no randomness), every output is a real tensor (or a tuple of
+them), and torch.export takes the call. A judged op passes when every sample compiles and
+matches eager within float32 tolerances (NaNs where eager has them). Each op runs in a process
+of its own, so a native crash or a hang costs that op only.
+
+Prints one JSON line per op and a summary; writes DIR/opinfo.json. The failure's first line
+is kept, so the classes of failure can be counted (`--classes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RTOL, ATOL = 1.3e-5, 1e-5  # float32, as torch.testing.assert_close
+# Ops whose result is random by design: never judged (OpInfo marks few of them).
+_RANDOM = re.compile(r"rand|dropout|normal|bernoulli|multinomial|uniform|poisson|exponential|geometric|"
+                     r"cauchy|log_normal|empty|new_empty")
+
+
+def op_names() -> list[str]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return sorted({_full_name(op) for op in op_db})
+
+
+def _full_name(op: Any) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def _find(name: str) -> Any:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return next(op for op in op_db if _full_name(op) == name)
+
+
+class Unjudged(Exception):
+    """The op cannot be judged: its eager result is random, complex, not tensors, or export fails."""
+
+
+def _module_for(op: Any, sample: Any) -> tuple[Any, tuple[Any, ...]]:
+    """A module whose forward calls the op on this sample, with the sample's tensors as inputs
+    and everything else (dims, scalars, flags) fixed."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, dict(sample.kwargs)))
+    tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    fixed = list(leaves)
+
+    class OpCall(torch.nn.Module):
+        def forward(self, *tensors: Any) -> Any:
+            filled = list(fixed)
+            for i, t in zip(tensor_at, tensors, strict=True):
+                filled[i] = t
+            first, args, kwargs = pytree.tree_unflatten(filled, spec)
+            return op.op(first, *args, **kwargs)
+
+    return OpCall(), tuple(leaves[i] for i in tensor_at)
+
+
+def _eager(module: Any, inputs: tuple[Any, ...]) -> Any:
+    import torch
+    from torch.utils import _pytree as pytree
+
+    clones = tuple(t.clone() for t in inputs)
+    first, second = module(*clones), module(*tuple(t.clone() for t in inputs))
+    outputs = pytree.tree_leaves(first)
+    if not outputs or not all(isinstance(t, torch.Tensor) for t in outputs):
+        raise Unjudged("an output is not a tensor")
+    if any(t.is_complex() for t in (*outputs, *inputs)):
+        raise Unjudged("complex")
+    for a, b in zip(outputs, pytree.tree_leaves(second), strict=True):
+        if not torch.equal(a, b) and not (a.is_floating_point() and torch.allclose(a, b, equal_nan=True)):
+            raise Unjudged("eager differs between two runs")
+    return first
+
+
+def judge(name: str, samples: int, cache: Path, out: Path) -> dict[str, Any]:
+    import torch
+    from torch.utils import _pytree as pytree
+
+    import kiln
+
+    if _RANDOM.search(name):
+        raise Unjudged("random by design")
+    op = _find(name)
+    checked = 0
+    for index, sample in enumerate(op.sample_inputs("cpu", torch.float32)):
+        if index >= samples:
+            break
+        module, inputs = _module_for(op, sample)
+        if not inputs:
+            continue
+        want = _eager(module, inputs)
+        try:
+            torch.export.export(module, tuple(t.clone() for t in inputs), strict=False)
+        except Exception as err:
+            raise Unjudged(f"torch.export: {type(err).__name__}") from err
+        compiled = kiln.compile(module, tuple(t.clone() for t in inputs), target="cpu", out=out / str(index),
+                                cache_dir=cache)
+        got = compiled(*tuple(t.clone() for t in inputs))
+        for k, (g, w) in enumerate(zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=True)):
+            if g.shape != w.shape or g.dtype != w.dtype:
+                return {"status": "fail", "error": f"sample {index} output {k}: {g.dtype}{list(g.shape)}, "
+                                                   f"eager {w.dtype}{list(w.shape)}"}
+            if not torch.allclose(g, w, rtol=RTOL, atol=ATOL, equal_nan=True) and not torch.equal(g, w):
+                worst = float((g.double() - w.double()).abs().nan_to_num(1e30).max()) if g.numel() else 0.0
+                return {"status": "fail", "error": f"sample {index} output {k}: differs by {worst:.3g}"}
+        checked += 1
+    if not checked:
+        raise Unjudged("no sample has a tensor input")
+    return {"status": "pass", "samples": checked}
+
+
+def _child(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    try:
+        found = judge(args.child, args.samples, Path(args.cache), Path(args.out) / "builds" / args.child)
+    except Unjudged as why:
+        found = {"status": "unjudged", "why": str(why)}
+    except Exception as err:  # kiln's failure on this op is the finding
+        traceback.print_exc()
+        text = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+        found = {"status": "fail", "error": f"{type(err).__name__}: {text}"}
+    found["seconds"] = round(time.perf_counter() - started, 1)
+    print("OPINFO " + json.dumps(found), flush=True)
+    return 0
+
+
+def _spawn(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", name, "--samples", str(args.samples),
+           "--cache", str(args.out / "cache"), "--out", str(args.out)]
+    log = args.out / "logs" / f"{name}.log"
+    try:
+        with log.open("w") as sink:
+            done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=sink, text=True,
+                                  timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"op": name, "status": "fail", "error": f"timeout after {args.timeout} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("OPINFO ")]
+    if not lines:
+        return {"op": name, "status": "fail", "error": f"crash: exit {done.returncode}"}
+    found: dict[str, Any] = json.loads(lines[-1][len("OPINFO "):])
+    return {"op": name} | found
+
+
+def error_class(error: str) -> str:
+    """A failure's class: its message with numbers, names and shapes blurred."""
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", error)
+    text = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", text)
+    return text[:120]
+
+
+def summary(results: list[dict[str, Any]]) -> str:
+    counts = Counter(r["status"] for r in results)
+    judged = counts["pass"] + counts["fail"]
+    share = f"{100 * counts['pass'] / judged:.1f}%" if judged else "-"
+    return (f"opinfo: {counts['pass']} of {judged} judged ops pass ({share}); "
+            f"{counts['unjudged']} not judged, of {len(results)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ops", help="comma-separated op names (default: every op, or --sample of them)")
+    p.add_argument("--sample", type=int, help="this many ops, drawn with --seed")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=int, default=3, help="sample inputs per op")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--timeout", type=int, default=300, help="seconds per op")
+    p.add_argument("--out", type=Path, default=ROOT / "build" / "opinfo")
+    p.add_argument("--classes", action="store_true", help="count the failures by class at the end")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--cache", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return _child(args)
+    names = args.ops.split(",") if args.ops else op_names()
+    if args.sample:
+        names = sorted(random.Random(args.seed).sample(names, min(args.sample, len(names))))
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for future in as_completed([pool.submit(_spawn, n, args) for n in names]):
+            results.append(future.result())
+            print(json.dumps(results[-1]), flush=True)
+    results.sort(key=lambda r: str(r["op"]))
+    (args.out / "opinfo.json").write_text(json.dumps(results, indent=1))
+    if args.classes:
+        for cls, n in Counter(error_class(r["error"]) for r in results if r["status"] == "fail").most_common():
+            print(f"{n:4d}  {cls}")
+    print(summary(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

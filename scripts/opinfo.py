@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     results.sort(key=lambda r: str(r["op"]))
     (args.out / "opinfo.json").write_text(json.dumps(results, indent=1))
     if args.classes:
-        for cls, n in Counter(error_class(r["error"]) for r in results if r["status"] == "fail").most_common():
+        failures = Counter(error_class(r["error"]) for r in results if r["status"] == "fail")
+        for cls, n in failures.most_common():
             print(f"{n:4d}  {cls}")
     print(summary(results))
     return 0

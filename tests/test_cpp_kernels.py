@@ -39,6 +39,9 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh") - F.silu(x), (X,)),
     "nan_max": (lambda x: torch.where(x > 1, float("nan"), x).amax(-1), (X,)),
     "scalar": (lambda x: x.sum() * x.mean(), (X,)),
+    # A reduction over no dimension: one element, in a reduction loop of one iteration.
+    "zero_dim_reductions": (lambda s: (s.amax(), s.argmax(), s.mean(), (s > 0).any(), s.var(),
+                                       torch.logsumexp(s, 0), s.amin(0, keepdim=True)), (torch.tensor(1.5),)),
 }
 VARIANTS = [CpuVariant(1, True), CpuVariant(0, False), CpuVariant(2, True), CpuVariant(1, True, split_r=True)]
 

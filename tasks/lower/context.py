@@ -103,6 +103,9 @@ class Lower:
 
     def reduction(self, op: ReduceOp, shape: tuple[int, ...], reduce: tuple[int, ...],
                   origin: str, body: Callable[[Loop], Expr]) -> tuple[TensorValue, ...]:
+        # Note: a reduction over no dimension (a 0-d tensor's amax, argmax, mean) reduces one
+        # element; every kernel kind has a reduction loop, so it gets one of one iteration.
+        reduce = reduce or (1,)
         loop = Loop(shape, reduce)
         expr = body(loop)
         if op is ReduceOp.WELFORD:

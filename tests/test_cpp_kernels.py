@@ -42,6 +42,8 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     # A reduction over no dimension: one element, in a reduction loop of one iteration.
     "zero_dim_reductions": (lambda s: (s.amax(), s.argmax(), s.mean(), (s > 0).any(), s.var(),
                                        torch.logsumexp(s, 0), s.amin(0, keepdim=True)), (torch.tensor(1.5),)),
+    "zero_size": (lambda e, x: (e.repeat(2, 1), torch.softmax(e, -1), e.sum(0) + x[0, :5], e.t() @ e),
+                  (torch.randn(0, 5), X)),
 }
 VARIANTS = [CpuVariant(1, True), CpuVariant(0, False), CpuVariant(2, True), CpuVariant(1, True, split_r=True)]
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from tasks.ir.dtypes import BY_TORCH_NAME, DType
+from tasks.ir.expr import const
 from tasks.ir.nodes import Buffer, BufferKind, Graph
 from tasks.lower import serialized as ser
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
@@ -65,6 +66,22 @@ def bind(target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[
         else:
             bound[arg.name] = None
     return bound
+
+
+def _empty_result(ctx: Lower, meta: Any, origin: str) -> TensorValue | tuple[TensorValue, ...] | None:
+    """Empty tensors for a call whose every output has no elements, or None.
+
+    Note: such a call computes nothing, whatever the op; its lowering would index by sizes of 0
+    (a repeat's modulo, a softmax's row), so none runs: each output is a fresh empty buffer."""
+    metas = meta if isinstance(meta, tuple) else (meta,)
+    if not metas or not all(isinstance(m, OutMeta) and 0 in m.shape for m in metas):
+        return None
+    made = tuple(_zeros(ctx, m, origin) for m in metas if isinstance(m, OutMeta))
+    return made if isinstance(meta, tuple) else made[0]
+
+
+def _zeros(ctx: Lower, meta: OutMeta, origin: str) -> TensorValue:
+    return ctx.pointwise(meta.shape, meta.dtype, origin, lambda loop: const(0, meta.dtype))
 
 
 class GraphLowering:
@@ -123,6 +140,8 @@ class GraphLowering:
                 raise unsupported_higher_order(name)
             call = Call(name, node["name"], {"args": [v for _, v in args], "lowering": self}, meta)
             return fn(self.ctx, call)
+        if (empty := _empty_result(self.ctx, meta, node["name"])) is not None:
+            return empty
         target = resolve(name)
         call = Call(name, node["name"], bind(target, (), dict(args)), meta)
         return (fn or lower_fallback)(self.ctx, call)

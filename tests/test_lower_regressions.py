@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 import torch
 
 from tasks.ir.interpret import run_graph
-from tasks.ir.nodes import Graph
+from tasks.ir.nodes import Fallback, Graph
 from tasks.ir.oracle import export, program_data
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.program import GraphLowering, bind, lower_program, target_name
@@ -128,3 +129,24 @@ def test_an_op_whose_outputs_have_no_elements_lowers_to_empty_buffers(name: str)
     a call with only empty outputs computes nothing and lowers to empty buffers."""
     fn, shape = _EMPTY[name]
     compile_fn(fn, torch.randn(shape))
+
+
+@pytest.mark.parametrize("order", [2.0, 1.0, 0.0, 3.0, 0.5, -2.0, math.inf, -math.inf])
+def test_vector_norms_and_dist_are_reductions(order: float) -> None:
+    x = torch.randn(5, 4)
+    x[0, 0] = 0.0
+    x = x.abs() + 0.1 if order < 0 else x
+    compile_fn(lambda a: torch.linalg.vector_norm(a, order), x)
+    compile_fn(lambda a: torch.linalg.vector_norm(a, order, dim=(0,), keepdim=True), x)
+    compile_fn(lambda a, b: torch.dist(a, b, order), x, x[0] * 2)
+
+
+def test_a_scalar_argument_reaches_the_fallback_as_a_zero_dim_tensor() -> None:
+    """torch's stable dispatcher passes no Scalar: the op's overload taking a tensor there is
+    called instead (a polynomial's n_scalar -> default)."""
+    x = torch.randn(5, 4)
+    for fn in (lambda a: torch.ops.aten.special_hermite_polynomial_h.n_scalar(a, 3),
+               lambda a: torch.ops.aten.special_chebyshev_polynomial_t.n_scalar(a, 2.0)):
+        c = compile_fn(fn, x)
+        (fallback,) = [n for n in c.graph.nodes if isinstance(n, Fallback)]
+        assert fallback.target.endswith(".default"), fallback.target

@@ -1,3 +1,12 @@
 """The lower stage: aten ops to kiln's loop-level IR, one small lowering function per op."""
 
-from tasks.lower import control, externs, indexing, pointwise, pooling, reductions, views  # noqa: F401  (fill the table)
+from tasks.lower import (  # noqa: F401  (fill the table)
+    control,
+    externs,
+    indexing,
+    norms,
+    pointwise,
+    pooling,
+    reductions,
+    views,
+)

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from cache.hashing import canonical_json
-from tasks.ir.dtypes import TORCH_NAMES
+from tasks.ir.dtypes import TORCH_NAMES, DType
+from tasks.ir.expr import const
 from tasks.ir.nodes import Fallback, View
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.serialized import TorchEnum
@@ -39,16 +40,77 @@ def lower_fallback(ctx: Lower, call: Call) -> Any:  # TensorValue or a tuple of 
     if namespace not in ("aten", "prims") or not _resolvable(call.target):
         raise LoweringError(f"{call.target} has no lowering and no aten fallback (is the library "
                             "that defines it loaded?)")
-    views: list[View] = []
-    args = {k: _encode(v, ctx, call, views) for k, v in call.args.items()}
     metas = call.out if isinstance(call.out, tuple) else (call.out,)
     if any(m is None for m in metas):
         raise LoweringError(f"{call.target} returns a value that is not a tensor; kiln cannot call it")
+    target, bound = _without_scalars(ctx, call)
+    views: list[View] = []
+    args = {k: _encode(v, ctx, call, views) for k, v in bound.items()}
     outs = tuple(ctx.new_buffer(m.shape, m.dtype) for m in metas if isinstance(m, OutMeta))
     spec = {"args": [], "kwargs": args}
-    ctx.emit(Fallback(call.target, outs, tuple(views), canonical_json(spec).decode(), call.origin))
+    ctx.emit(Fallback(target, outs, tuple(views), canonical_json(spec).decode(), call.origin))
     values = tuple(TensorValue.of(b) for b in outs)
     return values if isinstance(call.out, tuple) else values[0]
+
+
+def _without_scalars(ctx: Lower, call: Call) -> tuple[str, dict[str, Any]]:
+    """The call with its Scalar arguments as 0-d tensors, through the op's overload that takes
+    tensors in their places (pow.Tensor_Scalar -> pow.Tensor_Tensor, lerp.Scalar -> lerp.Tensor,
+    a polynomial's n_scalar -> default); the call as it is if it passes no Scalar or the op has
+    no such overload (the C++ generator then says a Scalar cannot be passed).
+
+    Note: torch's stable dispatcher, which a fallback calls, converts no Scalar (2.11 to 2.13).
+    Each 0-d tensor takes the dtype of the call's first floating tensor for a float, so type
+    promotion gives what the Scalar gave (a 0-d tensor does not widen a tensor with dims)."""
+    packet_name = call.target.rsplit(".", 1)[0]
+    schema = _op(call.target)._schema
+    scalars = {a.name for a in schema.arguments
+               if _is_number(a.type) and isinstance(call.args.get(a.name), bool | int | float)}
+    if not scalars:
+        return call.target, call.args
+    namespace, name = packet_name.split(".")
+    packet = getattr(getattr(torch.ops, namespace), name)
+    for overload in packet.overloads():
+        other = getattr(packet, overload)._schema
+        if _takes_tensors_for(schema, other, scalars):
+            bound = {k: _zero_dim(ctx, call, v) if k in scalars else v for k, v in call.args.items()}
+            return f"{packet_name}.{overload}", bound
+    return call.target, call.args
+
+
+def _op(target: str) -> Any:
+    namespace, name, overload = target.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+
+
+def _is_number(jit_type: Any) -> bool:
+    if jit_type.kind() == "OptionalType":
+        jit_type = jit_type.getElementType()
+    return bool(jit_type.kind() == "NumberType")
+
+
+def _takes_tensors_for(schema: Any, other: Any, names: set[str]) -> bool:
+    """Whether `other` has schema's arguments and returns, with Tensors for `names`."""
+    if [a.name for a in schema.arguments] != [a.name for a in other.arguments] or \
+            [str(r.type) for r in schema.returns] != [str(r.type) for r in other.returns]:
+        return False
+    for mine, theirs in zip(schema.arguments, other.arguments, strict=True):
+        wanted = ("Tensor", "Tensor?") if mine.name in names else (str(mine.type),)
+        if str(theirs.type) not in wanted or (theirs.alias_info is not None and theirs.alias_info.is_write):
+            return False
+    return True
+
+
+def _zero_dim(ctx: Lower, call: Call, value: bool | int | float) -> TensorValue:
+    tensors = [v for v in call.args.values() if isinstance(v, TensorValue)]
+    floating = next((t.dtype for t in tensors if t.dtype.is_float), None)
+    if isinstance(value, bool):
+        dtype = DType.BOOL
+    elif isinstance(value, float) or (floating is not None and float(value) == value and abs(value) < 2**24):
+        dtype = floating or DType.F32
+    else:
+        dtype = DType.I64
+    return ctx.pointwise((), dtype, call.origin, lambda loop: const(value, dtype))
 
 
 def _encode_enum(value: TorchEnum) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-from tasks.ir.dtypes import BY_TORCH_NAME
 from tasks.ir.expr import Expr, Op, binary, cast, const, unary
 from tasks.ir.nodes import ReduceOp
 from tasks.lower.context import Call, Lower
@@ -20,9 +19,9 @@ from tasks.lower.values import TensorValue
 
 @register("aten.linalg_vector_norm.default")
 def _vector_norm(ctx: Lower, call: Call) -> TensorValue:
-    x, dtype = call.tensor("self"), call["dtype"]
-    if dtype is not None:
-        x = to_dtype(ctx, x, BY_TORCH_NAME[str(dtype.name)], call.origin)
+    x = call.tensor("self")
+    if call["dtype"] is not None:  # computed in the dtype asked for, which the output has
+        x = to_dtype(ctx, x, call.meta.dtype, call.origin)
     dims = norm_dims(call["dim"], x.ndim)
     return vector_norm(ctx, x, float(call["ord"]), dims, bool(call["keepdim"]), call)
 

@@ -39,6 +39,7 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh") - F.silu(x), (X,)),
     "nan_max": (lambda x: torch.where(x > 1, float("nan"), x).amax(-1), (X,)),
     "scalar": (lambda x: x.sum() * x.mean(), (X,)),
+    "erfinv": (lambda x: torch.erfinv(x.clamp(-0.9, 0.9)) + torch.erfinv(x.sigmoid() * 2 - 1), (X,)),
     # A reduction over no dimension: one element, in a reduction loop of one iteration.
     "zero_dim_reductions": (lambda s: (s.amax(), s.argmax(), s.mean(), (s > 0).any(), s.var(),
                                        torch.logsumexp(s, 0), s.amin(0, keepdim=True)), (torch.tensor(1.5),)),

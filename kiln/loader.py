@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import KilnError
+from contract.return_types import register_named_in
 from pipeline.integrity import (
     MODEL_SO,
     WEIGHTS,
@@ -211,8 +212,10 @@ def _out_spec(spec: Any, outputs: int) -> Any:
         return None
     from torch.utils import _pytree
 
+    text = spec if isinstance(spec, str) else json.dumps(spec)
+    register_named_in(text)  # torch.return_types results: namedtuples of kiln's
     try:
-        tree = _pytree.treespec_loads(spec if isinstance(spec, str) else json.dumps(spec))
+        tree = _pytree.treespec_loads(text)
     except Exception:  # a container type this process has not registered: fall back to flat
         return None
     return tree if tree.num_leaves == outputs else None

@@ -76,6 +76,24 @@ def test_output_structure_and_integer_inputs(cache_dir: Path, tmp_path: Path) ->
         torch.testing.assert_close(a, b)
 
 
+class ReturnTypes(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> Any:
+        return torch.max(x, 1), {"sorted": torch.sort(x, -1, descending=True)}, x.sum()
+
+
+def test_torch_return_types_come_back_with_their_field_names(cache_dir: Path, tmp_path: Path) -> None:
+    """torch.export's serializer knows no torch.return_types class: kiln's spec names a
+    namedtuple of the same name and fields instead."""
+    x = torch.randn(4, 6)
+    got, want = _compiled(ReturnTypes(), (x,), cache_dir, tmp_path / "rt")(x), ReturnTypes()(x)
+    assert type(got[0]).__name__ == "max"
+    torch.testing.assert_close(got[0].values, want[0].values)
+    torch.testing.assert_close(got[0].indices, want[0].indices)
+    torch.testing.assert_close(got[1]["sorted"].indices, want[1]["sorted"].indices)
+    values, indices = got[1]["sorted"]
+    torch.testing.assert_close(values, want[1]["sorted"].values)
+
+
 def test_while_loop_double_buffers_carried_values(cache_dir: Path, tmp_path: Path) -> None:
     module = Flipper().eval()
     compiled = _compiled(module, (torch.randn(6, 6),), cache_dir, tmp_path / "flipper")

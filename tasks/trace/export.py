@@ -23,6 +23,7 @@ from torch._export.serde.serialize import serialize
 
 from cache.hashing import canonical_json
 from contract.errors import KilnError
+from contract.return_types import portable_spec
 from tasks.trace.factory import is_model_file, shown_path, user_frame
 
 # Ops that stay whole: later stages lower them to extern kernels, not to their decomposition.
@@ -147,10 +148,26 @@ def program_json(program: torch.export.ExportedProgram) -> bytes:
     skip: dict[str, Any] = {"serialize_state_dict": False, "serialize_constants": False,
                             "serialize_example_inputs": False}
     known = inspect.signature(serialize).parameters
-    artifact = serialize(program, **{k: v for k, v in skip.items() if k in known})
+    with _portable_out_specs(program):
+        artifact = serialize(program, **{k: v for k, v in skip.items() if k in known})
     data = json.loads(artifact.exported_program)
     _strip_metadata(data["graph_module"])
     return canonical_json(data)
+
+
+@contextlib.contextmanager
+def _portable_out_specs(program: torch.export.ExportedProgram) -> Iterator[None]:
+    """The program's output specs with torch.return_types results as namedtuples while it is
+    serialized (contract/return_types.py says why)."""
+    signatures = [entry.signature for entry in program.module_call_graph if entry.signature is not None]
+    before = [signature.out_spec for signature in signatures]
+    for signature in signatures:
+        signature.out_spec = portable_spec(signature.out_spec)
+    try:
+        yield
+    finally:
+        for signature, spec in zip(signatures, before, strict=True):
+            signature.out_spec = spec
 
 
 def _strip_metadata(graph_module: dict[str, Any]) -> None:

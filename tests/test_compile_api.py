@@ -94,6 +94,23 @@ def test_torch_return_types_come_back_with_their_field_names(cache_dir: Path, tm
     torch.testing.assert_close(indices, want[1]["sorted"].indices)
 
 
+class Cholesky(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.linalg.cholesky(x) * 2
+        return out
+
+
+def test_an_effectful_check_runs_and_its_error_reaches_the_caller(cache_dir: Path, tmp_path: Path) -> None:
+    """torch exports cholesky's error check as an effect on a token: kiln runs the check where
+    it stands, so a matrix that is not positive definite fails as in eager, not with NaNs."""
+    a = torch.randn(4, 4)
+    spd = a @ a.t() + torch.eye(4)
+    compiled = _compiled(Cholesky(), (spd,), cache_dir, tmp_path / "chol")
+    torch.testing.assert_close(compiled(spd), Cholesky()(spd))
+    with pytest.raises(Exception, match="positive-definite"):
+        compiled(-spd)
+
+
 def test_while_loop_double_buffers_carried_values(cache_dir: Path, tmp_path: Path) -> None:
     module = Flipper().eval()
     compiled = _compiled(module, (torch.randn(6, 6),), cache_dir, tmp_path / "flipper")

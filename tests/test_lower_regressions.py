@@ -15,6 +15,7 @@ from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.program import GraphLowering, bind, lower_program, target_name
 from tasks.lower.registry import LOWERINGS
 from tasks.lower.values import TensorValue
+from tasks.schedule.model import CallStep
 from tests.lowering_harness import lower_op
 from tests.schedule_harness import compile_fn
 
@@ -150,3 +151,21 @@ def test_a_scalar_argument_reaches_the_fallback_as_a_zero_dim_tensor() -> None:
         c = compile_fn(fn, x)
         (fallback,) = [n for n in c.graph.nodes if isinstance(n, Fallback)]
         assert fallback.target.endswith(".default"), fallback.target
+
+
+@pytest.mark.parametrize("name", ["cholesky", "inv", "solve", "tensorinv"])
+def test_an_effect_token_orders_a_kept_error_check(name: str) -> None:
+    """torch threads linalg's error checks on effect tokens: no token reaches kiln's inputs or
+    outputs, and the check (a fallback with no outputs) survives dead-code elimination."""
+    a = torch.randn(4, 4)
+    spd = a @ a.t() + torch.eye(4)
+    fns = {"cholesky": torch.linalg.cholesky, "inv": torch.linalg.inv,
+           "solve": lambda m: torch.linalg.solve(m, m[:, :2]),
+           "tensorinv": lambda m: torch.linalg.tensorinv(m.reshape(4, 2, 2), ind=1)}
+    c = compile_fn(fns[name], spd)
+    assert len(c.graph.inputs) == 1
+    checks = [n for n in c.graph.nodes if isinstance(n, Fallback) and not n.outs]
+    assert checks, "the error check was dropped"
+    calls = [s.node for s in c.schedule.main.steps if isinstance(s, CallStep)]
+    assert any(isinstance(n, Fallback) and not n.outs for n in calls), "the schedule dropped the check"
+

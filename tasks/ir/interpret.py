@@ -245,7 +245,7 @@ def _fallback(node: Fallback, env: Env, alloc: Alloc) -> None:
     args = [_unpack(a, tensors) for a in spec["args"]]
     kwargs = {k: _unpack(a, tensors) for k, a in spec["kwargs"].items()}
     result = fallback_op(node.target)(*args, **kwargs)
-    results = list(result) if isinstance(result, tuple | list) else [result]
+    results = [] if result is None else list(result) if isinstance(result, tuple | list) else [result]
     for b, value in zip(node.outs, results, strict=True):
         env[b.name] = alloc(b)
         env[b.name].copy_(value)

@@ -11,7 +11,8 @@ from typing import Any
 
 from tasks.ir.nodes import Buffer, BufferKind, Cond, Graph, View, While, contiguous_strides
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
-from tasks.lower.registry import register
+from tasks.lower.registry import TOKEN, register
+from tasks.lower.serialized import OperatorRef
 from tasks.lower.values import TensorValue
 
 
@@ -87,3 +88,18 @@ def unsupported_higher_order(name: str) -> LoweringError:
                              "torch.while_loop", "write the loop as a torch.while_loop")
     return LoweringError(f"{name} has no lowering (a higher-order op)",
                          "kiln compiles the higher-order ops torch.cond and torch.while_loop only")
+
+
+@register("higher_order.with_effects")
+def _with_effects(ctx: Lower, call: Call) -> tuple[Any, ...]:
+    """An effectful op threaded on a token: the op itself, run where it stands (kiln runs a
+    graph's steps in order), and the token passed on. Its results follow the token."""
+    token, op, *args = call["positional"]
+    if token is not TOKEN or not isinstance(op, OperatorRef):
+        raise LoweringError(f"with_effects of {op!r}: expected a token and an operator")
+    metas = call.out if isinstance(call.out, tuple) else (call.out,)
+    inner = metas[1:]
+    meta = None if all(m is None for m in inner) else inner[0] if len(inner) == 1 else tuple(inner)
+    result = call["lowering"].call_op(op.name, tuple(args), call["kwargs"], meta, call.origin)
+    results = result if isinstance(result, tuple) else (result,)
+    return (TOKEN, *results)

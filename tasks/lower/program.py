@@ -7,7 +7,7 @@ through the aten fallback when the table has none; outputs are made real buffers
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ from tasks.ir.nodes import Buffer, BufferKind, Graph
 from tasks.lower import serialized as ser
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.control import unsupported_higher_order
-from tasks.lower.registry import LOWERINGS, lower_fallback
+from tasks.lower.registry import LOWERINGS, TOKEN, lower_fallback
 from tasks.lower.values import TensorValue
 
 Json = dict[str, Any]
@@ -92,15 +92,16 @@ class GraphLowering:
         self.source = source
         self.env: dict[str, Any] = {}
 
-    def run(self, graph: Json, inputs: list[Buffer]) -> Graph:
+    def run(self, graph: Json, inputs: Sequence[Buffer | None]) -> Graph:
+        """inputs: a buffer per placeholder, None for an effect token."""
         placeholders = [ser.decode(arg, lambda name: name) for arg in graph["inputs"]]
         for name, buf in zip(placeholders, inputs, strict=True):
-            self.env[name] = TensorValue.of(buf)
+            self.env[name] = TOKEN if buf is None else TensorValue.of(buf)
         for node in graph["nodes"]:
             self.call(node, graph["tensor_values"])
-        outputs = [ser.decode(arg, self.tensor) for arg in graph["outputs"]]
+        outputs = [v for v in (ser.decode(arg, self.tensor) for arg in graph["outputs"]) if v is not TOKEN]
         names = self.finish_outputs(outputs)  # may add copies: before the nodes are taken
-        return Graph(tuple(inputs), tuple(self.ctx.nodes), names)
+        return Graph(tuple(b for b in inputs if b is not None), tuple(self.ctx.nodes), names)
 
     def tensor(self, name: str) -> Any:
         return self.env[name]
@@ -138,13 +139,24 @@ class GraphLowering:
         if name.startswith("higher_order."):
             if fn is None:
                 raise unsupported_higher_order(name)
-            call = Call(name, node["name"], {"args": [v for _, v in args], "lowering": self}, meta)
+            # Note: "args" holds every input (cond's and while's are all positional); with_effects
+            # also passes its op's keyword arguments (serialized kind 2).
+            keyword = [i.get("kind") == 2 for i in node["inputs"]]
+            call = Call(name, node["name"], {
+                "args": [v for _, v in args], "lowering": self,
+                "positional": [v for (_, v), kw in zip(args, keyword, strict=True) if not kw],
+                "kwargs": {n: v for (n, v), kw in zip(args, keyword, strict=True) if kw}}, meta)
             return fn(self.ctx, call)
-        if (empty := _empty_result(self.ctx, meta, node["name"])) is not None:
+        return self.call_op(name, (), dict(args), meta, node["name"])
+
+    def call_op(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], meta: Any,
+                origin: str) -> Any:
+        """One aten op on lowered values: its lowering, or the aten fallback."""
+        if (empty := _empty_result(self.ctx, meta, origin)) is not None:
             return empty
         target = resolve(name)
-        call = Call(name, node["name"], bind(target, (), dict(args)), meta)
-        return (fn or lower_fallback)(self.ctx, call)
+        call = Call(name, origin, bind(target, args, kwargs), meta)
+        return (LOWERINGS.get(name) or lower_fallback)(self.ctx, call)
 
     def _bind_results(self, outs: list[str | list[str] | None], result: Any) -> None:
         if len(outs) == 1 and isinstance(outs[0], list):
@@ -221,7 +233,7 @@ def lower_program(program: Json, source_map: Mapping[str, str]) -> Graph:
         raise LoweringError("the model mutates its buffers or inputs in forward(); kiln compiles "
                             "inference graphs: call model.eval() and avoid in-place updates of state")
     inputs = [_placeholder(spec, graph["tensor_values"]) for spec in signature["input_specs"]]
-    device = inputs[0].device if inputs else "cpu"
+    device = next((b.device for b in inputs if b is not None), "cpu")
 
     def source(node: str) -> str:
         line = source_map.get(node)
@@ -234,8 +246,10 @@ _WEIGHT_NAMES = {"parameter": "parameter_name", "buffer": "buffer_name",
                  "tensor_constant": "tensor_constant_name"}
 
 
-def _placeholder(spec: Json, values: Json) -> Buffer:
+def _placeholder(spec: Json, values: Json) -> Buffer | None:
     kind, body = next(iter(spec.items()))
+    if kind == "token":
+        return None  # an effect token orders effectful ops in torch's graph; kiln's run is in order
     if kind == "user_input":
         if "as_tensor" not in body["arg"]:
             raise LoweringError(f"input {body['arg']} is not a tensor; kiln compiles tensor inputs only")

@@ -23,6 +23,16 @@ Lowering = Callable[[Lower, Call], Any]
 LOWERINGS: dict[str, Lowering] = {}
 
 
+class _Token:
+    """The value of an effect token: torch threads one through effectful ops to order them."""
+
+    def __repr__(self) -> str:
+        return "TOKEN"
+
+
+TOKEN = _Token()
+
+
 def register(*targets: str) -> Callable[[Lowering], Lowering]:
     def add(fn: Lowering) -> Lowering:
         for target in targets:
@@ -40,7 +50,8 @@ def lower_fallback(ctx: Lower, call: Call) -> Any:  # TensorValue or a tuple of 
     if namespace not in ("aten", "prims") or not _resolvable(call.target):
         raise LoweringError(f"{call.target} has no lowering and no aten fallback (is the library "
                             "that defines it loaded?)")
-    metas = call.out if isinstance(call.out, tuple) else (call.out,)
+    returns_nothing = not _op(call.target)._schema.returns
+    metas = () if returns_nothing else call.out if isinstance(call.out, tuple) else (call.out,)
     if any(m is None for m in metas):
         raise LoweringError(f"{call.target} returns a value that is not a tensor; kiln cannot call it")
     target, bound = _without_scalars(ctx, call)
@@ -49,6 +60,8 @@ def lower_fallback(ctx: Lower, call: Call) -> Any:  # TensorValue or a tuple of 
     outs = tuple(ctx.new_buffer(m.shape, m.dtype) for m in metas if isinstance(m, OutMeta))
     spec = {"args": [], "kwargs": args}
     ctx.emit(Fallback(target, outs, tuple(views), canonical_json(spec).decode(), call.origin))
+    if returns_nothing:  # a check (torch's _linalg_check_errors): run for its error, kept by the schedule
+        return None
     values = tuple(TensorValue.of(b) for b in outs)
     return values if isinstance(call.out, tuple) else values[0]
 

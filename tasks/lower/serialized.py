@@ -36,6 +36,13 @@ def scalar_type(code: int) -> DType:
 
 
 @dataclass(frozen=True)
+class OperatorRef:
+    """An operator passed as an argument (with_effects' op): "aten._linalg_check_errors.default"."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class TorchEnum:
     """A dtype, layout or memory format argument, kept for the aten fallback."""
 
@@ -108,6 +115,8 @@ def _enum_or_graph(kind: str, value: Any) -> Any:
         return TorchEnum("device", str(value["type"]))
     if kind == "as_graph":
         return value  # {"graph": ..., "name": ...}: a subgraph of a higher-order op
+    if kind == "as_operator":
+        return OperatorRef(str(value).removeprefix("torch.ops."))
     raise LoweringError(f"an argument of kind {kind!r} is not supported")
 
 

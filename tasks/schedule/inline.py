@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from tasks.ir import index as ix
 from tasks.ir.expr import Expr, Op, buffers_read, loads, rewrite, substitute, walk
 from tasks.ir.nodes import (
+    Fallback,
     Graph,
     Node,
     Pointwise,
@@ -47,7 +48,9 @@ def eliminate_dead(graph: Graph) -> Graph:
     kept: list[Node] = []
     for node in reversed(graph.nodes):
         writes = node_writes(node)
-        if isinstance(node, Scatter) or any(w in live for w in writes):
+        # Note: a fallback with no outputs runs for its effect (an error check), so it stays.
+        if isinstance(node, Scatter) or (isinstance(node, Fallback) and not node.outs) or \
+                any(w in live for w in writes):
             live.update(node_inputs(node))
             kept.append(node)
     return replace(graph, nodes=tuple(reversed(kept)))

@@ -54,5 +54,15 @@ bench-cpu: $(VENV)/.ready
 bench-cuda:
 	python3 bench/cuda_backend.py $(MODELS)
 
+# Breadth, not in `make test` (each takes tens of minutes): PyTorch's OpInfo database through
+# kiln.compile (OPINFO_FLAGS="--sample 150 --seed 0" for a sample), and the model zoo (on the GPU
+# machine: python3 scripts/zoo.py --target cuda, with torchvision and timm).
+.PHONY: opinfo zoo
+opinfo: $(VENV)/.ready
+	$(PY) scripts/opinfo.py --classes $(OPINFO_FLAGS)
+
+zoo: $(VENV)/.ready
+	$(PY) scripts/zoo.py $(ZOO_FLAGS)
+
 clean:
 	rm -rf build

@@ -213,8 +213,8 @@ def _out_spec(spec: Any, outputs: int) -> Any:
     from torch.utils import _pytree
 
     text = spec if isinstance(spec, str) else json.dumps(spec)
-    register_named_in(text)  # torch.return_types results: namedtuples of kiln's
     try:
+        register_named_in(text)  # torch.return_types results: namedtuples of kiln's
         tree = _pytree.treespec_loads(text)
     except Exception:  # a container type this process has not registered: fall back to flat
         return None

@@ -53,3 +53,24 @@ def test_a_context_inside_another_is_absorbed() -> None:
     body = binary(Op.ADD, shared, masked(inner, shared, const(0.0, DType.F32)))
     guards = mask_contexts([masked(outer, body, const(0.0, DType.F32))])
     assert guards[shared.key] == f"(@{outer.key})"
+
+
+def test_masks_whose_bodies_nest_each_other_are_ordered_or_refused_not_recursed() -> None:
+    """Found in review: A under B in one place and B under A in another made each mask need
+    the other. Only loads wait for their masks now, so index and value nodes never do."""
+    x = var("x0")
+    masks = {n: binary(Op.LT, x, const(k, DType.I64)) for n, k in (("x", 6), ("y", 5), ("a", 4), ("b", 3))}
+    value = unary(Op.EXP, load("in0", DType.F32, (x,)))
+    zero = const(0.0, DType.F32)
+    left = masked(masks["x"], masked(masks["a"], masked(masks["b"], value, zero), zero), zero)
+    right = masked(masks["y"], masked(masks["b"], masked(masks["a"], value, zero), zero), zero)
+    guards: list[str | None] = []
+
+    def load_text(e: Expr, index: list[str], guard: str | None) -> str:
+        guards.append(guard)
+        return "in0[0]"
+
+    ExprWriter(load_text, {"x0": 8}).emit([binary(Op.ADD, left, right)])  # recursed without end before
+    (guard,) = guards
+    assert guard is not None
+    assert (guard.count("||"), guard.count("&&")) == (1, 4)

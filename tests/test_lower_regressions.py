@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 import torch
 
+from tasks.ir.dtypes import DType
 from tasks.ir.interpret import run_graph
-from tasks.ir.nodes import Fallback, Graph
+from tasks.ir.nodes import Buffer, BufferKind, Fallback, Graph
 from tasks.ir.oracle import export, program_data
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.program import GraphLowering, bind, lower_program, target_name
-from tasks.lower.registry import LOWERINGS
+from tasks.lower.registry import LOWERINGS, _zero_dim
 from tasks.lower.values import TensorValue
 from tasks.schedule.model import CallStep
 from tests.lowering_harness import lower_op
@@ -169,3 +170,14 @@ def test_an_effect_token_orders_a_kept_error_check(name: str) -> None:
     calls = [s.node for s in c.schedule.main.steps if isinstance(s, CallStep)]
     assert any(isinstance(n, Fallback) and not n.outs for n in calls), "the schedule dropped the check"
 
+
+
+def test_a_scalar_keeps_the_dtype_of_the_tensor_it_meets() -> None:
+    """Found in review: an int Scalar as an int64 0-d tensor widened an int32 0-d tensor (a
+    0-d tensor against a 0-d tensor promotes); now it takes the tensor's dtype when it fits."""
+    cases = [(5, DType.I32, DType.I32), (2, DType.I16, DType.I16), (0.5, DType.F16, DType.F16),
+             (70000, DType.F16, DType.I64), (1.5, DType.I32, DType.F32), (True, DType.F32, DType.F32)]
+    for value, tensor_dtype, made_dtype in cases:
+        t = TensorValue.of(Buffer("t", (), (), tensor_dtype, "cpu", BufferKind.INPUT))
+        made = _zero_dim(Lower("cpu"), Call("aten.x.y", "n", {"self": t, "other": value}, None), value)
+        assert made.dtype is made_dtype, (value, tensor_dtype)

@@ -37,3 +37,18 @@ def test_a_decoders_kv_cache_is_turned_off_for_the_compile_and_back_on_after(
     assert got.past_key_values is None
     with torch.no_grad():
         torch.testing.assert_close(got.logits, module(*inputs).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_an_encoder_keeps_its_config_and_is_not_warned_about() -> None:
+    """BERT's config has use_cache on too, but an encoder returns no cache: nothing to turn off."""
+    pytest.importorskip("transformers")
+    from tasks.trace.export import _without_kv_cache
+
+    encoder, _ = build("hf:bert", full=False)
+    decoder, _ = build("hf:gpt2", full=False)
+    with _without_kv_cache(encoder) as turned_off:
+        assert not turned_off
+    with _without_kv_cache(decoder) as turned_off:
+        assert turned_off
+        assert not decoder.config.use_cache
+    assert decoder.config.use_cache

@@ -104,7 +104,7 @@ class ExprWriter(SsaWriter[str]):
         elif e.dtype is DType.I64 and e.op in _INDEX_OPS:
             text = self.index(e)
         else:
-            if guard is not None:
+            if guard is not None:  # a load's (the only node a writer gives a guard)
                 guard = re.sub(r"@(\w+)", lambda m: self.names[m.group(1)], guard)
             text = self._value(e, guard)
         self.names[e.key] = name

@@ -27,19 +27,25 @@ class SsaWriter(Generic[Name]):
         contexts = MaskContexts.of(roots)
         start = len(self.lines)
         for root in roots:
-            self._emit_tree(root, contexts)
+            self._emit_tree(root, contexts, ())
         return self.lines[start:]
 
-    def _emit_tree(self, root: Expr, contexts: MaskContexts) -> None:
+    def _emit_tree(self, root: Expr, contexts: MaskContexts, pending: tuple[str, ...]) -> None:
         for node in walk(root):
             if node.key in self.names:
                 continue
-            # Note: a node under several masked bodies is guarded by all their masks, and the
-            # walk may reach it inside the first body before it has reached the second mask.
-            for mask in contexts.masks_of(node.key):
-                if mask.key not in self.names:
-                    self._emit_tree(mask, contexts)
-            self._emit(node, contexts.guards.get(node.key))
+            # Note: only a load runs under its guard (a masked body's other nodes compute on
+            # whatever it loaded). A load under several masked bodies is guarded by all their
+            # masks, and the walk may reach it inside the first body before the second mask.
+            guard = contexts.guards.get(node.key) if node.op is Op.LOAD else None
+            for mask in contexts.masks_of(node.key) if guard is not None else ():
+                if mask.key in self.names:
+                    continue
+                if mask.key in pending:
+                    raise ValueError("masked loads whose masks each depend on the other's loads: "
+                                     "kiln cannot order them")
+                self._emit_tree(mask, contexts, (*pending, mask.key))
+            self._emit(node, guard)
 
     def _emit(self, e: Expr, guard: str | None) -> None:
         raise NotImplementedError

@@ -100,6 +100,6 @@ def _with_effects(ctx: Lower, call: Call) -> tuple[Any, ...]:
     metas = call.out if isinstance(call.out, tuple) else (call.out,)
     inner = metas[1:]
     meta = None if all(m is None for m in inner) else inner[0] if len(inner) == 1 else tuple(inner)
-    result = call["lowering"].call_op(op.name, tuple(args), call["kwargs"], meta, call.origin)
+    result = call["lowering"].call_op(op.name, tuple(args), call["kwargs"], meta, call.origin, effectful=True)
     results = result if isinstance(result, tuple) else (result,)
     return (TOKEN, *results)

@@ -150,9 +150,10 @@ class GraphLowering:
         return self.call_op(name, (), dict(args), meta, node["name"])
 
     def call_op(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], meta: Any,
-                origin: str) -> Any:
-        """One aten op on lowered values: its lowering, or the aten fallback."""
-        if (empty := _empty_result(self.ctx, meta, origin)) is not None:
+                origin: str, effectful: bool = False) -> Any:
+        """One aten op on lowered values: its lowering, or the aten fallback. An effectful one
+        runs even when its outputs are empty."""
+        if not effectful and (empty := _empty_result(self.ctx, meta, origin)) is not None:
             return empty
         target = resolve(name)
         call = Call(name, origin, bind(target, args, kwargs), meta)

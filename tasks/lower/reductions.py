@@ -303,10 +303,11 @@ def _batch_norm_saved(ctx: Lower, call: Call, mean: TensorValue, var: TensorValu
         if meta is None or meta.shape != stat.shape:
             saved.append(_empty(ctx, meta.dtype if meta is not None else stat.dtype, call.origin))
             continue
+        stat = to_dtype(ctx, stat, meta.dtype, call.origin)  # torch computes in the stats' dtype
         if i == 2:
             stat = pointwise_of(ctx, stat.shape, stat.dtype, call.origin, [stat],
                                 lambda a: unary(Op.RSQRT, binary(Op.ADD, a[0], const(eps, a[0].dtype))))
-        saved.append(to_dtype(ctx, stat, meta.dtype, call.origin))
+        saved.append(stat)
     return saved
 
 

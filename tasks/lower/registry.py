@@ -81,11 +81,13 @@ def _without_scalars(ctx: Lower, call: Call) -> tuple[str, dict[str, Any]]:
                if _is_number(a.type) and isinstance(call.args.get(a.name), bool | int | float)}
     if not scalars:
         return call.target, call.args
+    # an optional Scalar left None may be an optional Tensor there (clamp's min or max)
+    unset = {a.name for a in schema.arguments if _is_number(a.type) and call.args.get(a.name) is None}
     namespace, name = packet_name.split(".")
     packet = getattr(getattr(torch.ops, namespace), name)
     for overload in packet.overloads():
         other = getattr(packet, overload)._schema
-        if _takes_tensors_for(schema, other, scalars):
+        if _takes_tensors_for(schema, other, scalars, unset):
             bound = {k: _zero_dim(ctx, call, v) if k in scalars else v for k, v in call.args.items()}
             return f"{packet_name}.{overload}", bound
     return call.target, call.args
@@ -102,28 +104,45 @@ def _is_number(jit_type: Any) -> bool:
     return bool(jit_type.kind() == "NumberType")
 
 
-def _takes_tensors_for(schema: Any, other: Any, names: set[str]) -> bool:
-    """Whether `other` has schema's arguments and returns, with Tensors for `names`."""
+def _takes_tensors_for(schema: Any, other: Any, names: set[str], unset: set[str]) -> bool:
+    """Whether `other` has schema's arguments and returns, with Tensors for `names` (and for
+    `unset`, optionally)."""
     if [a.name for a in schema.arguments] != [a.name for a in other.arguments] or \
             [str(r.type) for r in schema.returns] != [str(r.type) for r in other.returns]:
         return False
     for mine, theirs in zip(schema.arguments, other.arguments, strict=True):
-        wanted = ("Tensor", "Tensor?") if mine.name in names else (str(mine.type),)
+        wanted = ("Tensor", "Tensor?") if mine.name in names else \
+            (str(mine.type), "Tensor?") if mine.name in unset else (str(mine.type),)
         if str(theirs.type) not in wanted or (theirs.alias_info is not None and theirs.alias_info.is_write):
             return False
     return True
 
 
 def _zero_dim(ctx: Lower, call: Call, value: bool | int | float) -> TensorValue:
-    tensors = [v for v in call.args.values() if isinstance(v, TensorValue)]
-    floating = next((t.dtype for t in tensors if t.dtype.is_float), None)
-    if isinstance(value, bool):
-        dtype = DType.BOOL
-    elif isinstance(value, float) or (floating is not None and float(value) == value and abs(value) < 2**24):
-        dtype = floating or DType.F32
+    """A Scalar as a 0-d tensor of the call's first tensor's dtype where that holds the value
+    exactly (a Python number does not widen a tensor's dtype; a 0-d tensor of the same dtype
+    does not either, with dims or without), else of the dtype torch gives such a number."""
+    first = next((v.dtype for v in call.args.values() if isinstance(v, TensorValue)), None)
+    if first is not None and _holds(first, value):
+        dtype = first
     else:
-        dtype = DType.I64
+        dtype = DType.BOOL if isinstance(value, bool) else DType.I64 if isinstance(value, int) else DType.F32
     return ctx.pointwise((), dtype, call.origin, lambda loop: const(value, dtype))
+
+
+# Integers a float dtype holds exactly: below 2**(mantissa bits + 1).
+_EXACT_INTS = {DType.F64: 2**53, DType.F32: 2**24, DType.F16: 2**11, DType.BF16: 2**8}
+
+
+def _holds(dtype: DType, value: bool | int | float) -> bool:
+    if isinstance(value, bool) or dtype is DType.BOOL:
+        return isinstance(value, bool) or dtype is not DType.BOOL
+    if dtype.is_float:
+        return isinstance(value, float) or abs(value) <= _EXACT_INTS.get(dtype, 0)
+    if isinstance(value, float):
+        return False
+    info = torch.iinfo(getattr(torch, TORCH_NAMES[dtype]))
+    return info.min <= value <= info.max
 
 
 def _encode_enum(value: TorchEnum) -> Any:

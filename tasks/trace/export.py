@@ -63,7 +63,11 @@ def _without_kv_cache(module: torch.nn.Module) -> Iterator[bool]:
     program is exported as the same forward without one, and the user is told once. Every
     submodule's config is turned off: an encoder-decoder's stacks hold copies of it (T5)."""
     configs: dict[int, Any] = {}
-    for submodule in module.modules():
+    top = getattr(module, "config", None)
+    generates = getattr(module, "can_generate", None)
+    decoder = (callable(generates) and generates()) or getattr(top, "is_decoder", False) or \
+        getattr(top, "is_encoder_decoder", False)
+    for submodule in module.modules() if decoder else ():  # an encoder (BERT) returns no cache
         config = getattr(submodule, "config", None)
         if getattr(config, "use_cache", None) is True:
             configs[id(config)] = config

@@ -33,7 +33,7 @@ class TritonVariantEntry:
 class CudaKernelEntry(KernelHead):
     kernel: str  # the kernel's name, which its functions start with
     file: str  # its module, under the spec's folder
-    signature: Mapping[str, str]  # argument -> Triton type, in the function's order
+    signature: Mapping[str, str]  # argument -> Triton type (JSON sorts it; tune.py orders by the function)
     xnumel: int
     rnumel: int
     variants: tuple[TritonVariantEntry, ...]  # the default first

@@ -22,16 +22,18 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 import time
 import traceback
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a file (python scripts/opinfo.py): the project root first
+    sys.path.insert(0, str(ROOT))
+from scripts.isolated import report, run_all, run_case  # noqa: E402
+
 RTOL, ATOL = 1.3e-5, 1e-5  # float32, as torch.testing.assert_close
 # Ops whose result is random by design: never judged (OpInfo marks few of them).
 _RANDOM = re.compile(r"rand|dropout|normal|bernoulli|multinomial|uniform|poisson|exponential|geometric|"
@@ -148,24 +150,18 @@ def _child(args: argparse.Namespace) -> int:
         text = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
         found = {"status": "fail", "error": f"{type(err).__name__}: {text}"}
     found["seconds"] = round(time.perf_counter() - started, 1)
-    print("OPINFO " + json.dumps(found), flush=True)
+    report(found)
     return 0
 
 
 def _spawn(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", name, "--samples", str(args.samples),
            "--cache", str(args.out / "cache"), "--out", str(args.out)]
-    log = args.out / "logs" / f"{name}.log"
-    try:
-        with log.open("w") as sink:
-            done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=sink, text=True,
-                                  timeout=args.timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"op": name, "status": "fail", "error": f"timeout after {args.timeout} s"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("OPINFO ")]
-    if not lines:
-        return {"op": name, "status": "fail", "error": f"crash: exit {done.returncode}"}
-    found: dict[str, Any] = json.loads(lines[-1][len("OPINFO "):])
+    found = run_case(cmd, ROOT, args.out / "logs" / f"{name}.log", args.timeout)
+    if found["status"] == "timeout":
+        found = {"status": "fail", "error": f"timeout after {args.timeout} s"}
+    elif found["status"] == "crash":
+        found = {"status": "fail", "error": f"crash: exit {found['exit']}"}
     return {"op": name} | found
 
 
@@ -203,12 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample:
         names = sorted(random.Random(args.seed).sample(names, min(args.sample, len(names))))
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
-    results: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for future in as_completed([pool.submit(_spawn, n, args) for n in names]):
-            results.append(future.result())
-            print(json.dumps(results[-1]), flush=True)
-    results.sort(key=lambda r: str(r["op"]))
+    results = run_all(names, lambda name: _spawn(name, args), args.jobs)
     (args.out / "opinfo.json").write_text(json.dumps(results, indent=1))
     if args.classes:
         failures = Counter(error_class(r["error"]) for r in results if r["status"] == "fail")

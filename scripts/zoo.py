@@ -20,17 +20,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a file (python scripts/zoo.py): the project root first
+    sys.path.insert(0, str(ROOT))
+from scripts.isolated import report, run_all, run_case  # noqa: E402
+
 TOLERANCE = {"float32": 2e-3, "float16": 2e-2, "bfloat16": 6e-2}  # of eager's largest |output|
 
 TORCHVISION = [
@@ -172,26 +174,18 @@ def _child(args: argparse.Namespace) -> int:
         found = {"status": "error", "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
                  if str(err).strip() else type(err).__name__}
     found["seconds"] = round(time.perf_counter() - started, 1)
-    print("ZOO " + json.dumps(found), flush=True)
+    report(found)
     return 0
 
 
 def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", model, "--target", args.target, "--dtype", args.dtype,
            "--cache", str(args.out / "cache"), "--out", str(args.out)] + (["--full"] if args.full else [])
-    log = args.out / "logs" / f"{model.replace(':', '_')}.log"
     started = time.perf_counter()
-    try:
-        with log.open("w") as sink:
-            done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=sink, text=True,
-                                  timeout=args.timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"model": model, "status": "timeout", "seconds": args.timeout}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("ZOO ")]
-    if not lines:
-        return {"model": model, "status": "crash", "error": f"exit {done.returncode}",
-                "seconds": round(time.perf_counter() - started, 1)}
-    found: dict[str, Any] = json.loads(lines[-1][4:])
+    found = run_case(cmd, ROOT, args.out / "logs" / f"{model.replace(':', '_')}.log", args.timeout)
+    if found["status"] == "crash":
+        found = {"status": "crash", "error": f"exit {found['exit']}"}
+    found.setdefault("seconds", round(time.perf_counter() - started, 1))
     return {"model": model} | found
 
 
@@ -214,12 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.family:
         models = [m for m in models if family_of(m) == args.family]
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
-    results = []
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for future in as_completed([pool.submit(_spawn, m, args) for m in models]):
-            results.append(future.result())
-            print(json.dumps(results[-1]), flush=True)
-    results.sort(key=lambda r: models.index(r["model"]))
+    results = run_all(models, lambda model: _spawn(model, args), args.jobs)
     (args.out / "zoo.json").write_text(json.dumps(results, indent=1))
     counts = Counter(r["status"] for r in results)
     print("zoo:", ", ".join(f"{n} {status}" for status, n in counts.most_common()), f"of {len(results)}")

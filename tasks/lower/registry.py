@@ -155,8 +155,7 @@ def _encode_enum(value: TorchEnum) -> Any:
 
 def _resolvable(target: str) -> bool:
     try:
-        namespace, name, overload = target.split(".")
-        getattr(getattr(getattr(torch.ops, namespace), name), overload)
+        _op(target)
     except (AttributeError, ValueError):
         return False
     return True

@@ -1,0 +1,49 @@
+"""One case per process, a few processes at a time: what scripts/zoo.py and scripts/opinfo.py share.
+
+A case's process prints its result as one marked JSON line (`report`); the parent runs each
+case's command with a deadline (`run_case`), so a native crash or a hang costs that case only,
+and prints each result as it comes (`run_all`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+MARK = "RESULT "
+
+
+def report(found: dict[str, Any]) -> None:
+    """In the case's process: its result, for run_case to read."""
+    print(MARK + json.dumps(found), flush=True)
+
+
+def run_case(cmd: list[str], cwd: Path, log: Path, timeout: float) -> dict[str, Any]:
+    """The result the case's process reported, or {"status": "timeout"} or {"status": "crash",
+    "exit": code} when it reported none; its stderr goes to log."""
+    try:
+        with log.open("w") as sink:
+            done = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=sink, text=True,
+                                  timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
+    if not lines:
+        return {"status": "crash", "exit": done.returncode}
+    found: dict[str, Any] = json.loads(lines[-1][len(MARK):])
+    return found
+
+
+def run_all(cases: Sequence[str], run: Callable[[str], dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
+    """run(case) for every case, `jobs` at a time, each result printed as it comes; in case order."""
+    results: dict[str, dict[str, Any]] = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(run, case): case for case in cases}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            print(json.dumps(results[futures[future]]), flush=True)
+    return [results[case] for case in cases]

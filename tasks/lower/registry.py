@@ -73,8 +73,8 @@ def _without_scalars(ctx: Lower, call: Call) -> tuple[str, dict[str, Any]]:
     no such overload (the C++ generator then says a Scalar cannot be passed).
 
     Note: torch's stable dispatcher, which a fallback calls, converts no Scalar (2.11 to 2.13).
-    Each 0-d tensor takes the dtype of the call's first floating tensor for a float, so type
-    promotion gives what the Scalar gave (a 0-d tensor does not widen a tensor with dims)."""
+    Each 0-d tensor takes the dtype of the call's first tensor where that holds the value
+    (_zero_dim), so type promotion gives what the Scalar gave."""
     packet_name = call.target.rsplit(".", 1)[0]
     schema = _op(call.target)._schema
     scalars = {a.name for a in schema.arguments

@@ -2,13 +2,15 @@
 hand-written blocks), each compiled with `kiln.compile` and checked against eager.
 
 Usage:
-    python scripts/zoo.py [--models a,b | --family tv] [--target cpu|cuda] [--dtype float32|float16|bfloat16]
+    python scripts/zoo.py [--models a,b | --family tv,seg] [--target cpu|cuda]
+                          [--dtype float32|float16|bfloat16] [--full] [--latency]
                           [--jobs N] [--timeout S] [--out DIR]
 
 Each model runs in a process of its own (a native crash or a hang costs that model only), and
 prints one JSON line: its status (ok, mismatch, error, crash, timeout, skipped), the first line
-of any error, the error relative to eager's largest output and the seconds it took. The table
-at the end counts them by status. Models whose package is not installed are skipped; the CPU
+of any error, the error relative to eager's largest output and the seconds it took; with
+--latency, kiln's and eager's median forward time too. At the end, a markdown table of every
+model and the counts by status. Models whose package is not installed are skipped; the CPU
 CI machine has transformers, the GPU machine torchvision and timm too.
 
 Note: a model is built as its package builds it (random init, eval mode) and gets the inputs
@@ -35,13 +37,21 @@ from scripts.isolated import report, run_all, run_case  # noqa: E402
 
 TOLERANCE = {"float32": 2e-3, "float16": 2e-2, "bfloat16": 6e-2}  # of eager's largest |output|
 
+# Used where torchvision cannot say its own list (it is not installed): every classification model
+# it has is taken from torchvision.models.list_models where it is (`tv_classification`).
 TORCHVISION = [
     "resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "regnet_y_400mf",
     "densenet121", "squeezenet1_0", "shufflenet_v2_x0_5", "mnasnet0_5", "googlenet", "vgg11",
     "alexnet", "convnext_tiny", "vit_b_16", "swin_t", "maxvit_t", "wide_resnet50_2", "resnext50_32x4d",
     "efficientnet_v2_s", "regnet_x_400mf",
 ]
-TIMM = ["vit_tiny_patch16_224", "convnext_atto", "efficientnet_b0", "resnet18", "deit_tiny_patch16_224"]
+# Segmentation models whole (their output is a dict), and detection models' backbones (the
+# detection heads' outputs have data-dependent sizes, which kiln's static shapes cannot hold).
+SEGMENTATION = ["fcn_resnet50", "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large"]
+DETECTION_BACKBONES = ["fasterrcnn_resnet50_fpn", "retinanet_resnet50_fpn", "ssdlite320_mobilenet_v3_large",
+                       "fcos_resnet50_fpn"]
+TIMM = ["vit_tiny_patch16_224", "vit_small_patch16_224", "convnext_atto", "convnext_tiny", "efficientnet_b0",
+        "efficientnet_b2", "resnet18", "resnet50", "deit_tiny_patch16_224", "resnet50d"]
 TRANSFORMERS = ["gpt2", "llama", "bert", "t5", "distilbert", "mistral", "opt", "bart", "roberta"]
 BLOCKS = ["bn_block", "conv_bn_relu", "bn_inplace_relu"]
 
@@ -50,6 +60,27 @@ def _torchvision(name: str) -> Any:
     import torchvision
 
     return torchvision.models.get_model(name, weights=None)
+
+
+def tv_classification() -> list[str]:
+    """Every classification model of the installed torchvision, or the fixed list without it."""
+    try:
+        import torchvision
+    except ModuleNotFoundError:
+        return TORCHVISION
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def _segmentation(name: str) -> Any:
+    import torchvision
+
+    return torchvision.models.get_model(name, weights=None, weights_backbone=None)
+
+
+def _detection_backbone(name: str) -> Any:
+    import torchvision
+
+    return torchvision.models.get_model(name, weights=None, weights_backbone=None).backbone
 
 
 def _timm(name: str) -> Any:
@@ -107,8 +138,9 @@ def family_of(model: str) -> str:
 
 
 def every_model() -> list[str]:
-    return ([f"tv:{m}" for m in TORCHVISION] + [f"timm:{m}" for m in TIMM] + [f"hf:{m}" for m in TRANSFORMERS]
-            + [f"block:{m}" for m in BLOCKS])
+    return ([f"tv:{m}" for m in tv_classification()] + [f"seg:{m}" for m in SEGMENTATION]
+            + [f"det:{m}" for m in DETECTION_BACKBONES] + [f"timm:{m}" for m in TIMM]
+            + [f"hf:{m}" for m in TRANSFORMERS] + [f"block:{m}" for m in BLOCKS])
 
 
 def build(model: str, full: bool) -> tuple[Any, Callable[[int], tuple[Any, ...]]]:
@@ -117,7 +149,8 @@ def build(model: str, full: bool) -> tuple[Any, Callable[[int], tuple[Any, ...]]
 
     family, name = model.split(":", 1)
     makers: dict[str, Callable[[], Any]] = {
-        "tv": lambda: _torchvision(name), "timm": lambda: _timm(name),
+        "tv": lambda: _torchvision(name), "seg": lambda: _segmentation(name),
+        "det": lambda: _detection_backbone(name), "timm": lambda: _timm(name),
         "hf": lambda: _transformers(name, full), "block": lambda: _block(name)}
     module = makers[family]()
     if family == "hf":
@@ -126,11 +159,12 @@ def build(model: str, full: bool) -> tuple[Any, Callable[[int], tuple[Any, ...]]
             return module, lambda n: (torch.randint(0, vocab, (n, 32)), torch.ones(n, 32, dtype=torch.long),
                                       torch.randint(0, vocab, (n, 16)))
         return module, lambda n: (torch.randint(0, vocab, (n, 32)),)
-    size = 64 if family == "block" else 224
+    size = {"block": 64, "det": 320}.get(family, 224)
     return module, lambda n: (torch.randn(n, 3, size, size),)
 
 
-def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, out: Path) -> dict[str, Any]:
+def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, out: Path,
+            latency: bool = False) -> dict[str, Any]:
     import torch
     from torch.utils import _pytree as pytree
 
@@ -159,14 +193,41 @@ def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, o
             scale = max(scale, float(b.double().abs().max()))
     relative = worst / scale
     status = "ok" if relative <= TOLERANCE[dtype_name] else "mismatch"
-    return {"status": status, "relative_error": relative, "outputs": len(pairs)}
+    found = {"status": status, "relative_error": relative, "outputs": len(pairs)}
+    if latency:
+        with torch.no_grad():
+            found |= {"kiln_ms": milliseconds(lambda: compiled(*inputs), device),
+                      "eager_ms": milliseconds(lambda: module(*inputs), device)}
+    return found
+
+
+def milliseconds(call: Callable[[], Any], device: str, runs: int = 20) -> float:
+    """The median time of one call, after warm-up; a GPU is synchronized around each call."""
+    import statistics
+
+    import torch
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(runs):
+        sync()
+        started = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - started)
+    return round(1000 * statistics.median(times), 3)
 
 
 def _child(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         found = run_one(args.child, args.target, args.dtype, args.full, Path(args.cache),
-                        Path(args.out) / "builds" / args.child.replace(":", "_"))
+                        Path(args.out) / "builds" / args.child.replace(":", "_"), args.latency)
     except ModuleNotFoundError as err:
         found = {"status": "skipped", "error": str(err)}
     except Exception as err:  # the model's failure is the finding
@@ -180,7 +241,8 @@ def _child(args: argparse.Namespace) -> int:
 
 def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", model, "--target", args.target, "--dtype", args.dtype,
-           "--cache", str(args.out / "cache"), "--out", str(args.out)] + (["--full"] if args.full else [])
+           "--cache", str(args.out / "cache"), "--out", str(args.out)] + (["--full"] if args.full else []) \
+        + (["--latency"] if args.latency else [])
     started = time.perf_counter()
     found = run_case(cmd, ROOT, args.out / "logs" / f"{model.replace(':', '_')}.log", args.timeout)
     if found["status"] == "crash":
@@ -189,13 +251,24 @@ def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"model": model} | found
 
 
+def table(results: list[dict[str, Any]]) -> str:
+    """A markdown table: model, status, error relative to eager, kiln's and eager's latency."""
+    rows = ["| model | status | max error (rel.) | kiln ms | eager ms | note |", "|---|---|---|---|---|---|"]
+    for r in results:
+        error = f"{r['relative_error']:.2e}" if "relative_error" in r else ""
+        times = f"{r.get('kiln_ms', '')} | {r.get('eager_ms', '')}"
+        rows.append(f"| {r['model']} | {r['status']} | {error} | {times} | {r.get('error', '')[:90]} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", help="comma-separated, e.g. tv:resnet18,hf:gpt2 (default: every model)")
-    p.add_argument("--family", help="only this family: tv, timm, hf or block")
+    p.add_argument("--family", help="only these families, comma-separated: tv, seg, det, timm, hf, block")
     p.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
     p.add_argument("--full", action="store_true", help="transformers' default configs, not tiny ones")
+    p.add_argument("--latency", action="store_true", help="time kiln's and eager's forward too (median ms)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--timeout", type=int, default=600, help="seconds per model")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "zoo")
@@ -206,10 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         return _child(args)
     models = args.models.split(",") if args.models else every_model()
     if args.family:
-        models = [m for m in models if family_of(m) == args.family]
+        models = [m for m in models if family_of(m) in args.family.split(",")]
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     results = run_all(models, lambda model: _spawn(model, args), args.jobs)
     (args.out / "zoo.json").write_text(json.dumps(results, indent=1))
+    print(table(results))
     counts = Counter(r["status"] for r in results)
     print("zoo:", ", ".join(f"{n} {status}" for status, n in counts.most_common()), f"of {len(results)}")
     return 0 if not counts.keys() - {"ok", "skipped"} else 1

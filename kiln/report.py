@@ -71,5 +71,8 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     console.print(report_table(report))
     if report.get("kernels"):
         console.print(kernel_table(report["kernels"]))
+    if report.get("fallbacks"):
+        calls = ", ".join(f"{op} x{n}" for op, n in report["fallbacks"].items())
+        console.print(f"[yellow]left to torch (aten fallback):[/] {escape(calls)}")
     for warning in report.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(warning)}")

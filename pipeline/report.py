@@ -26,7 +26,15 @@ def report_json(result: BuildResult) -> dict[str, Any]:
         ],
         "warnings": result.warnings,
         "kernels": kernel_rows(result),
+        "fallbacks": fallbacks(result),
     }
+
+
+def fallbacks(result: BuildResult) -> dict[str, int]:
+    """The aten ops left to torch, with how many calls of each (lower's count), {} if none."""
+    lowered = result.entries.get("lower")
+    found = lowered.meta.get("notes", {}).get("fallbacks", {}) if lowered is not None else {}
+    return {str(op): int(n) for op, n in found.items()} if isinstance(found, dict) else {}
 
 
 def _variant_text(record: TimingRecord) -> str:

@@ -2,12 +2,15 @@
 
 A case's process prints its result as one marked JSON line (`report`); the parent runs each
 case's command with a deadline (`run_case`), so a native crash or a hang costs that case only,
-and prints each result as it comes (`run_all`).
+and prints each result as it comes (`run_all`). `run_forked` runs a case in a fork of the
+parent instead, for cases that share a slow import (OpInfo's database takes seconds).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import subprocess
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -36,6 +39,38 @@ def run_case(cmd: list[str], cwd: Path, log: Path, timeout: float) -> dict[str, 
         return {"status": "crash", "exit": done.returncode}
     found: dict[str, Any] = json.loads(lines[-1][len(MARK):])
     return found
+
+
+def run_forked(call: Callable[[], dict[str, Any]], log: Path, timeout: float) -> dict[str, Any]:
+    """call() in a fork of this process, its stdout and stderr going to log: its result, or
+    {"status": "timeout"} or {"status": "crash", "exit": code} when it returned none.
+
+    Note: the parent must not have run torch's thread pools (OpenMP is not fork-safe once
+    used); importing torch and building op_db's entries runs none of them."""
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+    process = context.Process(target=_forked, args=(call, writer, log))
+    process.start()
+    writer.close()
+    found: dict[str, Any] = {"status": "timeout"}
+    if reader.poll(timeout):
+        try:
+            found = reader.recv()
+        except EOFError:  # it died without a result: a native crash
+            process.join()
+            found = {"status": "crash", "exit": process.exitcode}
+    process.kill()
+    process.join()
+    reader.close()
+    return found
+
+
+def _forked(call: Callable[[], dict[str, Any]], writer: Any, log: Path) -> None:
+    with log.open("w") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+    writer.send(call())
+    writer.close()
 
 
 def run_all(cases: Sequence[str], run: Callable[[str], dict[str, Any]], jobs: int) -> list[dict[str, Any]]:

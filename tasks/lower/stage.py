@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -95,11 +96,18 @@ def all_nodes(graph: Graph) -> list[Node]:
     return nodes
 
 
+def fallback_counts(nodes: list[Node]) -> dict[str, int]:
+    """How many calls of each aten op kiln leaves to torch (Fallback nodes), by op name."""
+    counts = Counter(n.target for n in nodes if isinstance(n, Fallback))
+    return dict(sorted(counts.items()))
+
+
 def summary(graph: Graph) -> dict[str, Any]:
     nodes = all_nodes(graph)
-    fallbacks = sorted({n.target for n in nodes if isinstance(n, Fallback)})
+    fallbacks = fallback_counts(nodes)
     externs = sum(isinstance(n, Extern) for n in nodes)
     note = f"{len(nodes)} nodes, {externs} extern"
     if fallbacks:
-        note += f"; not compiled: {', '.join(f.split('.')[1] for f in fallbacks)}"
+        calls = (op.split(".")[1] + (f" x{n}" if n > 1 else "") for op, n in fallbacks.items())
+        note += f"; not compiled: {', '.join(calls)}"
     return {"nodes": len(nodes), "externs": externs, "fallbacks": fallbacks, "summary": note}

@@ -1,6 +1,6 @@
 """Real models as users hold them, through kiln.compile, against eager (scripts/zoo.py's check):
-tiny configs of transformers' decoders (their KV cache on, as by default) and encoder-decoders,
-and BatchNorm blocks. The GPU machine runs the whole zoo: `python scripts/zoo.py --target cuda`."""
+tiny configs of transformers' decoders (their KV cache on, as by default), encoder-decoders and
+an encoder, and BatchNorm blocks. The GPU machine runs the whole zoo: `python scripts/zoo.py --target cuda`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import torch
 from scripts.zoo import build, run_one
 
 
-@pytest.mark.parametrize("model", ["hf:gpt2", "hf:llama", "hf:t5", "block:bn_block", "block:bn_inplace_relu"])
+# Note: six transformers families with default configs made tiny: decoders with a KV cache
+# (gpt2, llama, opt), encoder-decoders (t5, bart) and an encoder (bert).
+@pytest.mark.parametrize("model", ["hf:gpt2", "hf:llama", "hf:opt", "hf:t5", "hf:bart", "hf:bert",
+                                   "block:bn_block", "block:bn_inplace_relu"])
 def test_a_zoo_model_matches_eager(model: str, tmp_path: Path) -> None:
     if model.startswith("hf:"):
         pytest.importorskip("transformers")

@@ -62,6 +62,9 @@ Warn = Callable[[str], None]
 
 class Store:
     def __init__(self, root: Path, warn: Warn | None = None, lease: Lease | None = None) -> None:
+        # Note: absolute, because stages run compilers in folders of their own: a relative
+        # cache folder (kiln.compile(cache_dir="build/cache")) would name a path from there.
+        root = root.absolute()
         self.root = root
         self.objects = root / "objects"
         self.tmp = root / "tmp"

@@ -37,6 +37,7 @@ class Cache:
     @classmethod
     def open(cls, root: Path, display: Display | None = None) -> Cache:
         warn = (display or QuietDisplay()).warn
+        root = root.absolute()  # the store's folders are named from it, and compilers run elsewhere
         return cls(root, Store(root / "store", warn=warn), Records(root / "records", warn=warn))
 
 

@@ -126,3 +126,13 @@ def test_bfloat16_weights_and_inputs(cache_dir: Path, tmp_path: Path) -> None:
     x2 = torch.randn(4, 16, dtype=torch.bfloat16)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x2), module(x2), rtol=2e-2, atol=2e-2)
+
+
+def test_relative_cache_and_build_folders_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stages run compilers in folders of their own, so a relative cache path must not reach them."""
+    monkeypatch.chdir(tmp_path)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    compiled = kiln_compile(model, (x,), target="cpu", out="rel/build", cache_dir="rel/cache")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))

@@ -34,7 +34,28 @@ def _roots(k: Kernel) -> list[tuple[Expr, tuple[tuple[Expr, ...], str] | None]]:
 
 def _bound_by(indices: tuple[Expr, ...], shape: tuple[int, ...], bounds: dict[str, int]) -> None:
     for e, size in zip(indices, shape, strict=True):
+        direct = {str(load.arg) for load in _direct_loads(e)}
         for inner in walk(e):
             if inner.op is Op.LOAD and not inner.dtype.is_float:
                 name = str(inner.arg)
-                bounds[name] = min(bounds.get(name, size), size)
+                # Note: an integer that is the index itself (gather, embedding, scatter; maybe
+                # wrapped when negative) may take any value below the size. One that is only
+                # part of it (max_unpool's per-plane position plus the plane's offset) gets
+                # zeros: no bound on its own values keeps the sum in range, and a kernel run
+                # on a position that does not exist writes outside its buffer.
+                limit = size if name in direct else 1
+                bounds[name] = min(bounds.get(name, limit), limit)
+
+
+def _direct_loads(e: Expr) -> list[Expr]:
+    """The integer loads that are `e` itself, through casts, a where's branches and the
+    `i + size` that wraps a negative index."""
+    if e.op is Op.LOAD:
+        return [e]
+    if e.op is Op.CAST:
+        return _direct_loads(e.args[0])
+    if e.op is Op.WHERE:
+        return _direct_loads(e.args[1]) + _direct_loads(e.args[2])
+    if e.op is Op.ADD and any(a.op is Op.CONST for a in e.args):
+        return [x for a in e.args for x in _direct_loads(a)]
+    return []

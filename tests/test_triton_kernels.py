@@ -67,8 +67,8 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
                         + torch.round(x * 3) + torch.trunc(x * 3) + torch.erfinv(x.clamp(-0.9, 0.9))
                         + torch.sign(x) + torch.pow(x.abs(), 1.5) + torch.fmod(x, 0.7)), (X,)),
     "scalar": (lambda x: x.sum() * x.mean(), (X,)),
-    # Not yet: a 0-d tensor's reductions (amax, argmax, mean, any, var) fail in the Triton
-    # interpreter (bitwise_and on a mask of the wrong type); the C++ kernels have the pattern.
+    "zero_dim_reductions": (lambda s: (s.amax(), s.argmax(), s.mean(), (s > 0).any(), s.var()),
+                            (torch.tensor(1.5),)),
 }
 GOLDEN = Path(__file__).parent / "golden" / "triton"
 CANONICAL = ["layer_norm", "softmax", "bias_gelu", "transpose_add"]

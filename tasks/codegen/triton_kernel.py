@@ -300,7 +300,10 @@ class _KernelGen:
             raise ValueError(f"{self.k.name}: local {name} read before it is computed")
         spec = self.specs[name]
         offset, shape = flat(idx, spec)
-        mask_shape = shape | (guard[1] if guard else NO_SHAPE)
+        # Note: a 0-d tensor's value is loaded as a column, not a scalar: Triton's interpreter
+        # cannot mix a scalar's comparisons with blocks (numpy refuses `&` on them), and the
+        # compiled kernel reads the one address once per row either way.
+        mask_shape = shape | (guard[1] if guard else NO_SHAPE) or X
         parts = self.masks(mask_shape) + ([f"({guard[0]})"] if guard else [])
         if mask_shape != shape:
             offset = f"tl.full({self.shape_text(mask_shape)}, 0, {self.index_type()}) + {offset}"

@@ -27,6 +27,11 @@ def test_float_floor_division_matches_python() -> None:
     compile_fn(lambda a, b: a // b, x, torch.tensor([0.1, 0.0, -2.5, 1.0, -0.0, 3.0]))
 
 
+def test_float_remainder_takes_the_divisors_sign() -> None:
+    x = torch.tensor([1.0, -1.0, 7.5, -0.0, 3.0, -2.25])
+    compile_fn(lambda a: (2.5 % a, torch.remainder(a, 0.7), a % a.flip(0), torch.remainder(a, -0.3)), x)
+
+
 def test_a_requested_rounding_survives_fusion() -> None:
     compile_fn(lambda a: (a.to(torch.bfloat16).to(torch.float32) * 3).exp(), torch.randn(8, 8))
     compile_fn(lambda a: a.double().float().double() + 1e-12, torch.randn(8))

@@ -153,7 +153,17 @@ def apply_binary(op: Op, a: Expr, b: Expr) -> Expr:
         return binary(Op.LOGICAL_OR if op is Op.MAXIMUM else Op.LOGICAL_AND, a, b)
     if a.dtype is DType.BOOL and op is Op.MINIMUM:
         return binary(Op.LOGICAL_AND, a, b)
+    if op is Op.MOD and a.dtype.is_float:
+        return float_remainder(a, b)
     return binary(op, a, b)
+
+
+def float_remainder(a: Expr, b: Expr) -> Expr:
+    """torch.remainder on floats (c10's remainder): fmod, moved by b where the signs differ."""
+    zero = const(0.0, a.dtype)
+    rem = binary(Op.FMOD, a, b)
+    differ = binary(Op.NE, binary(Op.LT, b, zero), binary(Op.LT, rem, zero))
+    return where(binary(Op.LOGICAL_AND, binary(Op.NE, rem, zero), differ), binary(Op.ADD, rem, b), rem)
 
 
 def _binary(op: Op) -> Callable[[Lower, Call], TensorValue]:

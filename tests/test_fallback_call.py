@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import math
 import shutil
 import subprocess
@@ -407,11 +408,35 @@ def test_generated_lists_and_optionals() -> None:
     ]
 
 
+def test_an_op_taking_a_scalar_goes_through_kilns_boxed_call() -> None:
+    x = whole(buf("x", (4, 5)))
+    renorm = node("aten.renorm.default", [buf("o", (4, 5))], [x], self=t(0), p=2, dim=0, maxnorm=fl(1.5))
+    block = fallback_call(renorm, ["a"], ["b"])
+    assert block[1].startswith('  kiln::BoxedCall fb("aten::renorm", "", ')
+    assert block[3:6] == ["  fb.push_scalar_int(2);  // p", "  fb.push_int(0);  // dim",
+                          "  fb.push_scalar_double(0x1.8000000000000p+0 /* 1.5 */);  // maxnorm"]
+
+
+def test_scalars_through_kilns_boxed_call_match_eager(tmp_path: Path) -> None:
+    """histc, addmv and addbmm take Scalars and have no overload taking tensors instead."""
+    from kiln import compile as kiln_compile
+
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor, m: torch.Tensor, v: torch.Tensor, b1: torch.Tensor,
+                    b2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (torch.histc(x, bins=5, min=-1, max=1), torch.addmv(x[:3], m, v, beta=0.5, alpha=2),
+                    torch.addbmm(m, b1, b2, beta=2, alpha=0.5))
+
+    args = (torch.randn(8), torch.randn(3, 4), torch.randn(4), torch.randn(2, 3, 5), torch.randn(2, 5, 4))
+    compiled = kiln_compile(Model(), args, target="cpu", out=tmp_path / "b", cache_dir=tmp_path / "c")
+    fallbacks = json.loads((tmp_path / "b" / "report.json").read_text())["fallbacks"]
+    assert {"aten.histc.default", "aten.addmv.default", "aten.addbmm.default"} <= set(fallbacks)
+    for got, want in zip(compiled(*args), Model()(*args), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_refusals_name_the_op_and_argument() -> None:
     x = whole(buf("x", (4, 5)))
-    renorm = node("aten.renorm.default", [buf("o", (4, 5))], [x], self=t(0), p=2, dim=0, maxnorm=1)
-    with pytest.raises(ValueError, match=r"aten\.renorm\.default: argument 'p' .*Scalar"):
-        fallback_call(renorm, ["a"], ["b"])
     missing = node("aten.cumsum.default", [buf("o", (4, 5))], [x], self=t(0))
     with pytest.raises(ValueError, match=r"aten\.cumsum\.default: argument 'dim' has no value"):
         fallback_call(missing, ["a"], ["b"])

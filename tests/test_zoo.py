@@ -1,6 +1,7 @@
 """Real models as users hold them, through kiln.compile, against eager (scripts/zoo.py's check):
 tiny configs of transformers' decoders (their KV cache on, as by default), encoder-decoders and
-an encoder, and BatchNorm blocks. The GPU machine runs the whole zoo: `python scripts/zoo.py --target cuda`."""
+an encoder, and BatchNorm blocks. The GPU machine runs the whole zoo:
+`python scripts/zoo.py --target cuda`."""
 
 from __future__ import annotations
 

@@ -13,8 +13,12 @@
 
 Note: a Fallback's args JSON sorts its keyword names, so the order comes from torch's schema,
 read here at generation time; the dispatcher converts each StableIValue by the same schema's
-types, so the C++ depends on nothing else. Scalar (NumberType) arguments have no StableIValue
-conversion in torch (2.11 to 2.13) and are refused here rather than failing at run time.
+types, so the C++ depends on nothing else.
+
+Note: Scalar (NumberType) arguments have no StableIValue conversion in torch (2.11 to 2.13).
+An op whose schema takes one (histc's min, addmv's beta, where lowering found no overload
+taking a 0-d tensor instead) is called through kiln::BoxedCall (runtime/kiln_boxed.h) with the
+same pushes: kiln's own boxed call, built against ATen and linked only into models that use it.
 """
 
 from __future__ import annotations
@@ -51,20 +55,37 @@ def fallback_call(node: Fallback, inputs: list[str], outs: list[str]) -> list[st
                          f"the node has {len(node.inputs)} and {len(node.outs)}")
     namespace, name, overload = _split(node.target)
     schema = _schema(node.target)
-    lines = [f'kiln::FallbackCall fb("{namespace}::{name}", "{"" if overload == "default" else overload}", '
+    boxed = needs_boxed_call(schema)
+    call_class = "kiln::BoxedCall" if boxed else "kiln::FallbackCall"
+    lines = [f'{call_class} fb("{namespace}::{name}", "{"" if overload == "default" else overload}", '
              f'"{node.target}");']
     for arg, value in _bound(node, schema):
         if arg.alias_info is not None and arg.alias_info.is_write:
             raise ValueError(f"{node.target}: writes its argument {arg.name!r}, and a fallback's inputs "
                              "are kiln's buffers: call the functional op")
         try:
-            pushes = _push(arg.real_type, value, inputs)
+            pushes = _push(arg.real_type, value, inputs, boxed)
         except _Unsupported as e:
             raise ValueError(f"{node.target}: argument {arg.name!r} ({arg.real_type}): {e}") from None
         pushes[0] += f"  // {arg.name}"
         lines += pushes
     lines += _returns(node, schema, outs)
     return ["{", *("  " + line for line in lines), "}"]
+
+
+def needs_boxed_call(schema: Any) -> bool:
+    """Whether an op's schema takes a Scalar, which only kiln's boxed call can pass."""
+    def scalar(jit_type: Any) -> bool:
+        kind = jit_type.kind()
+        if kind in ("OptionalType", "ListType"):
+            return scalar(jit_type.getElementType())
+        return bool(kind == "NumberType")
+
+    return any(scalar(arg.real_type) for arg in schema.arguments)
+
+
+def uses_boxed_call(node: Fallback) -> bool:
+    return needs_boxed_call(_schema(node.target))
 
 
 def _split(target: str) -> tuple[str, str, str]:
@@ -121,31 +142,54 @@ def _json_default(target: str, arg: Any) -> Any:
     return encode(arg.default_value)
 
 
-def _push(jit_type: Any, value: Any, inputs: list[str]) -> list[str]:
+def _push(jit_type: Any, value: Any, inputs: list[str], boxed: bool) -> list[str]:
     """The fb.push_* lines for one value of a schema type (a torch._C JitType)."""
     kind = jit_type.kind()
     if kind == "OptionalType":
         if value is None:
             return ["fb.push_none();"]
-        return [*_push(jit_type.getElementType(), value, inputs), "fb.wrap_optional();"]
+        return [*_push(jit_type.getElementType(), value, inputs, boxed), "fb.wrap_optional();"]
     if value is None:
         raise _Unsupported("None for an argument that is not optional")
     if kind == "ListType":
-        return _push_list(jit_type.getElementType(), value, inputs)
+        return _push_list(jit_type.getElementType(), value, inputs, boxed)
     if kind == "TensorType":
         return [f"fb.push_tensor({_input(value, inputs)});"]
+    if kind == "NumberType" and boxed:
+        return [_push_number(value)]
     return [_push_scalar(kind, value)]
 
 
-def _push_list(item_type: Any, value: Any, inputs: list[str]) -> list[str]:
+# The element kinds of a list kiln::BoxedCall builds (kiln_boxed.h), by schema element type.
+_BOXED_LISTS = {"FloatType": "KILN_LIST_DOUBLE", "BoolType": "KILN_LIST_BOOL",
+                "TensorType": "KILN_LIST_TENSOR", "OptionalType": "KILN_LIST_OPTIONAL_TENSOR"}
+
+
+def _push_list(item_type: Any, value: Any, inputs: list[str], boxed: bool) -> list[str]:
     if not isinstance(value, list):
         raise _Unsupported(f"{value!r} is not a list")
     if item_type.kind() in _INT_KINDS:
         return [f"fb.push_int_list({{{', '.join(_int(v) for v in value)}}});"]
-    lines = ["fb.begin_list();"]
+    begin = "fb.begin_list();"
+    if boxed:
+        kind = item_type.kind()
+        if kind not in _BOXED_LISTS or (kind == "OptionalType" and
+                                        item_type.getElementType().kind() != "TensorType"):
+            raise _Unsupported(f"kiln's boxed call builds no list of {item_type}")
+        begin = f"fb.begin_list({_BOXED_LISTS[kind]});"
+    lines = [begin]
     for item in value:
-        lines += _push(item_type, item, inputs)
+        lines += _push(item_type, item, inputs, boxed)
     return [*lines, "fb.end_list();"]
+
+
+def _push_number(value: Any) -> str:
+    """A Scalar for kiln's boxed call: an int, a float or a bool, as the program holds it."""
+    if isinstance(value, bool):
+        return f"fb.push_scalar_bool({'true' if value else 'false'});"
+    if isinstance(value, int):
+        return f"fb.push_scalar_int({_int(value)});"
+    return f"fb.push_scalar_double({_double(value)});"
 
 
 def _push_scalar(kind: str, value: Any) -> str:
@@ -170,8 +214,6 @@ def _push_scalar(kind: str, value: Any) -> str:
         if not isinstance(value, str):
             raise _Unsupported(f"{value!r} is not a string")
         return f"fb.push_string({_string_literal(value)});"
-    if kind == "NumberType":
-        raise _Unsupported("torch's stable dispatcher cannot pass a Scalar (no StableIValue conversion)")
     raise _Unsupported(f"no StableIValue encoding for schema type kind {kind}")
 
 

@@ -29,6 +29,9 @@ from tasks.codegen.cpp_build import RUNTIME, compiler, run_compiler, torch_inclu
 STAGE = "link"  # the stage whose item namespace holds the runtime
 WHAT = "runtime"  # what pipeline/prebuild.py says it built ahead
 UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp")
+BOXED_UNIT = "kiln_boxed.cpp"  # kiln's boxed call, against ATen: only for models that call it
+# Note: ATen's headers want C++20 (torch 2.13's use default member initializers on bit-fields).
+BOXED_FLAGS = ("-std=c++20", *(f for f in RUNTIME_FLAGS if not f.startswith("-std=")))
 
 
 def runtime_parts(cxx: str, env: Mapping[str, str], code: str) -> dict[str, str]:
@@ -65,6 +68,21 @@ def runtime_objects(items: ItemCache, cxx: str, env: Mapping[str, str],
 
     item, hit = items.get_or_compute(runtime_parts(cxx, env, code), compute)
     return [item.file(unit.replace(".cpp", ".o")) for unit in UNITS], item, hit
+
+
+def boxed_object(items: ItemCache, cxx: str, env: Mapping[str, str], code: str) -> tuple[Path, Entry, bool]:
+    """kiln_boxed.cpp's object (runtime/kiln_boxed.h), an item of its own: it includes ATen, so
+    it takes seconds to build, once per machine, and only for a model with a boxed call."""
+
+    def compute(out: Path) -> dict[str, Any]:
+        run_compiler([cxx, *BOXED_FLAGS, f"-I{torch_include()}", "-I.", "-c", BOXED_UNIT,
+                      "-o", str(out / BOXED_UNIT.replace(".cpp", ".o"))], cwd=RUNTIME)
+        return {}
+
+    flags = digest_json([Path(cxx).name, *BOXED_FLAGS])
+    parts = runtime_parts(cxx, env, code) | {"unit": BOXED_UNIT, "flags": flags}
+    item, hit = items.get_or_compute(parts, compute)
+    return item.file(BOXED_UNIT.replace(".cpp", ".o")), item, hit
 
 
 def is_cached(store: Store, code: str) -> bool:

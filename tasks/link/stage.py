@@ -28,7 +28,8 @@ from tasks.codegen.cpp_build import (
     torch_include,
     torch_lib,
 )
-from tasks.link.runtime import runtime_objects
+from tasks.gen_cpp.wrapper import BOXED_HEADER
+from tasks.link.runtime import boxed_object, runtime_objects
 
 MODEL_SO = "model.so"
 HEADER = "kiln_model.h"
@@ -49,20 +50,26 @@ def run_with(job: StageJob, kernel_objects: KernelObjects) -> Mapping[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         objects, what = kernel_objects(tuning.parent, keys, cxx, Path(tmp))
         wrapper_o = Path(tmp) / "wrapper.o"
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        boxed = f'#include "{BOXED_HEADER}"' in wrapper.read_text()
+        with ThreadPoolExecutor(max_workers=3) as pool:
             runtime = pool.submit(runtime_objects, job.items(), cxx, job.env, job.code)
+            boxed_o = pool.submit(boxed_object, job.items(), cxx, job.env, job.code) if boxed else None
             compiled = pool.submit(_compile_wrapper, cxx, wrapper, wrapper_o, job.env["isa"])
             compiled.result()
             runtime_os, item, hit = runtime.result()
+            used = [f"{item.stage}/{item.key}"]
+            if boxed_o is not None:
+                boxed_path, boxed_item, _ = boxed_o.result()
+                runtime_os = [*runtime_os, boxed_path]
+                used.append(f"{boxed_item.stage}/{boxed_item.key}")
         try:
             run_compiler([cxx, *LINK_FLAGS, str(wrapper_o), *map(str, runtime_os), *map(str, objects),
                           "-o", str(out / MODEL_SO), f"-L{torch_lib()}", *TORCH_LIBS, "-ldl"])
         except RuntimeError as err:
             raise KilnError(f"model {job.model!r}: linking model.so failed: {err}") from None
     shutil.copyfile(RUNTIME / HEADER, out / HEADER)
-    note = f"{what}; runtime {'cached' if hit else 'compiled'}"
-    used = f"{item.stage}/{item.key}"
-    return {"kernels": len(keys), "runtime_cached": hit, "items": [used], "summary": note}
+    note = f"{what}; runtime {'cached' if hit else 'compiled'}" + ("; boxed calls" if boxed else "")
+    return {"kernels": len(keys), "runtime_cached": hit, "items": used, "summary": note}
 
 
 def _compile_wrapper(cxx: str, wrapper: Path, out: Path, isa: str) -> None:

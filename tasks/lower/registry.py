@@ -70,9 +70,11 @@ def _without_scalars(ctx: Lower, call: Call) -> tuple[str, dict[str, Any]]:
     """The call with its Scalar arguments as 0-d tensors, through the op's overload that takes
     tensors in their places (pow.Tensor_Scalar -> pow.Tensor_Tensor, lerp.Scalar -> lerp.Tensor,
     a polynomial's n_scalar -> default); the call as it is if it passes no Scalar or the op has
-    no such overload (the C++ generator then says a Scalar cannot be passed).
+    no such overload (the C++ generator then calls it through kiln's boxed call, kiln_boxed.h).
 
-    Note: torch's stable dispatcher, which a fallback calls, converts no Scalar (2.11 to 2.13).
+    Note: torch's stable dispatcher, which a fallback calls, converts no Scalar (2.11 to 2.13),
+    and kiln's boxed call is built against ATen (seconds, once per machine), so an overload
+    taking tensors is preferred where there is one.
     Each 0-d tensor takes the dtype of the call's first tensor where that holds the value
     (_zero_dim), so type promotion gives what the Scalar gave."""
     packet_name = call.target.rsplit(".", 1)[0]

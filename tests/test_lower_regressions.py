@@ -32,6 +32,22 @@ def test_float_remainder_takes_the_divisors_sign() -> None:
     compile_fn(lambda a: (2.5 % a, torch.remainder(a, 0.7), a % a.flip(0), torch.remainder(a, -0.3)), x)
 
 
+def test_diagonal_is_a_view_at_every_offset_and_pair_of_dims() -> None:
+    x = torch.randn(3, 4, 5)
+    compile_fn(lambda a: (a.diagonal(), a.diagonal(1), a.diagonal(-2, 0, 2), a.diagonal(7), torch.diag(a[0]),
+                          a.diagonal(0, -1, -2) * 2), x)
+
+
+def test_math_ops_torch_has_whole_lower_to_kiln_expressions() -> None:
+    nan, inf = math.nan, math.inf
+    a = torch.tensor([1.0, -1.0, nan, 0.0, -0.0, 3e30, -inf, 2.5])
+    b = torch.tensor([nan, 2.0, 1.0, -0.0, 0.0, 4e30, 1.0, -3.0])
+    compile_fn(lambda x, y: (torch.fmax(x, y), torch.fmin(x, y), torch.copysign(x, y), torch.hypot(x, y),
+                             torch.angle(x), torch.special.erfc(x)), a, b)
+    compile_fn(torch.ldexp, torch.randn(6), torch.randint(-3, 4, (6,)))
+    compile_fn(torch.fmax, torch.randint(-5, 5, (6,)), torch.randint(-5, 5, (6,)))
+
+
 def test_a_requested_rounding_survives_fusion() -> None:
     compile_fn(lambda a: (a.to(torch.bfloat16).to(torch.float32) * 3).exp(), torch.randn(8, 8))
     compile_fn(lambda a: a.double().float().double() + 1e-12, torch.randn(8))

@@ -439,3 +439,66 @@ register("aten.hardsigmoid.default")(_activation(_hardsigmoid))
 register("aten.hardswish.default")(_activation(lambda x, c: binary(Op.MUL, x, _hardsigmoid(x, c))))
 register("aten.softplus.default")(_activation(_softplus))
 register("aten.mish.default")(_activation(_mish))
+
+
+# -- math that torch has as ops of their own, in terms of kiln's ---------------------------------
+
+def _nan_skipping(op: Op) -> Callable[[Expr, Expr], Expr]:
+    """fmax / fmin: the other operand where one is NaN (maximum / minimum propagate NaN)."""
+    def combine(a: Expr, b: Expr) -> Expr:
+        if not a.dtype.is_float:
+            return apply_binary(op, a, b)
+        return where(unary(Op.ISNAN, b), a, where(unary(Op.ISNAN, a), b, binary(op, a, b)))
+
+    return combine
+
+
+def _copysign(a: Expr, b: Expr) -> Expr:
+    # Note: -0.0 is negative here as in torch; 1 / -0.0 is -inf tells it from 0.0.
+    zero = _c(b, 0.0)
+    negative = binary(Op.LOGICAL_OR, binary(Op.LT, b, zero),
+                      binary(Op.LOGICAL_AND, binary(Op.EQ, b, zero),
+                             binary(Op.LT, unary(Op.RECIPROCAL, b), zero)))
+    size = unary(Op.ABS, a)
+    return where(negative, unary(Op.NEG, size), size)
+
+
+def _hypot(a: Expr, b: Expr) -> Expr:
+    """sqrt(a^2 + b^2) without overflow in the squares: m * sqrt(1 + (n / m)^2)."""
+    x, y = unary(Op.ABS, a), unary(Op.ABS, b)
+    big, small = binary(Op.MAXIMUM, x, y), binary(Op.MINIMUM, x, y)
+    ratio = binary(Op.TRUEDIV, small, where(binary(Op.EQ, big, _c(a, 0.0)), _c(a, 1.0), big))
+    scaled = binary(Op.MUL, big, unary(Op.SQRT, binary(Op.ADD, _c(a, 1.0), binary(Op.MUL, ratio, ratio))))
+    infinite = binary(Op.LOGICAL_OR, unary(Op.ISINF, a), unary(Op.ISINF, b))
+    return where(infinite, _c(a, math.inf), scaled)
+
+
+def _angle(x: Expr) -> Expr:
+    """The angle of a real number: pi below zero, 0 from it, NaN for NaN."""
+    return where(unary(Op.ISNAN, x), x, where(binary(Op.LT, x, _c(x, 0.0)), _c(x, math.pi), _c(x, 0.0)))
+
+
+def _binary_with(fn: Callable[[Expr, Expr], Expr]) -> Callable[[Lower, Call], TensorValue]:
+    def lower(ctx: Lower, call: Call) -> TensorValue:
+        operands = [call["self"], call["other"]]
+        return map_pointwise(ctx, call, operands, lambda a: fn(a[0], a[1]))
+
+    return lower
+
+
+def _float_binary(fn: Callable[[Expr, Expr], Expr]) -> Callable[[Lower, Call], TensorValue]:
+    def lower(ctx: Lower, call: Call) -> TensorValue:
+        operands = [call["self"], call["other"]]
+        return map_pointwise(ctx, call, operands, lambda a: fn(a[0], a[1]), _float_compute(call, operands))
+
+    return lower
+
+
+register("aten.fmax.default")(_binary_with(_nan_skipping(Op.MAXIMUM)))
+register("aten.fmin.default")(_binary_with(_nan_skipping(Op.MINIMUM)))
+register("aten.copysign.Tensor", "aten.copysign.Scalar")(_float_binary(_copysign))
+register("aten.hypot.default")(_float_binary(_hypot))
+register("aten.ldexp.Tensor")(_float_binary(lambda a, b: binary(Op.MUL, a, unary(Op.EXP2, b))))
+register("aten.angle.default")(_activation(lambda x, c: _angle(x)))
+register("aten.erfc.default", "aten.special_erfc.default")(
+    _activation(lambda x, c: binary(Op.SUB, _c(x, 1.0), unary(Op.ERF, x))))

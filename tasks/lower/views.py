@@ -159,6 +159,26 @@ def _select(ctx: Lower, call: Call) -> TensorValue:
     return x.reindex(shape, (*new[:dim], ix.const(i), *new[dim:]))
 
 
+@register("aten.diagonal.default", "aten.diagonal_copy.default")
+def _diagonal(ctx: Lower, call: Call) -> TensorValue:
+    x = call.tensor("self")
+    offset = call.args.get("offset", 0)
+    d1, d2 = _dim(call.args.get("dim1", 0), x.ndim), _dim(call.args.get("dim2", 1), x.ndim)
+    if d1 == d2:
+        raise LoweringError(f"diagonal dimensions cannot be identical {d1}, {d2}")
+    row, col = max(0, -offset), max(0, offset)
+    length = max(0, min(x.shape[d1] - row, x.shape[d2] - col))
+    rest = [k for k in range(x.ndim) if k not in (d1, d2)]
+    shape = (*(x.shape[k] for k in rest), length)
+    new = _vars(len(shape))
+    old: list[Expr] = [ix.const(0)] * x.ndim
+    for position, k in enumerate(rest):
+        old[k] = new[position]
+    old[d1] = ix.add(new[-1], ix.const(row))
+    old[d2] = ix.add(new[-1], ix.const(col))
+    return x.reindex(shape, tuple(old))
+
+
 @register("aten.split_with_sizes.default", "aten.split.Tensor", "aten.split_with_sizes_copy.default",
           "aten.unbind.int", "aten.chunk.default")
 def _split(ctx: Lower, call: Call) -> tuple[TensorValue, ...]:

@@ -48,7 +48,9 @@ def compile(
     name = type(model).__name__.lower()
     out_dir = Path(out) if out else Path.cwd() / "build" / name
     cfg = _live_config(name, example_inputs, config)
-    options = BuildOptions(target, out_dir, live=LiveModel(model.eval(), tuple(example_inputs)))
+    # Note: the module is compiled in the mode it is in, and left so: kiln does not call eval()
+    # for the user (trace warns about training mode; dropout there is refused with a hint).
+    options = BuildOptions(target, out_dir, live=LiveModel(model, tuple(example_inputs)))
     root = Path(cache_dir) if cache_dir else default_cache_root()
     result = compile_model(cfg, options, Cache.open(root))
     build = Build(result.out, report_json(result))

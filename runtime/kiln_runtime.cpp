@@ -335,6 +335,7 @@ struct Context {
   std::unique_ptr<cuda::Device, CloseDevice> gpu;
   std::vector<Tensor> gpu_blocks;  // weights, arenas, scratch and input staging on the GPU
   std::vector<char*> gpu_staging;  // per input, or null until needed
+  std::vector<void*> write_blocks;  // per program.writes entry: where the main graph leaves its value
 };
 
 void launch(Context& ctx, size_t kernel, unsigned grid, void** args, size_t num_args) {
@@ -415,6 +416,12 @@ std::string shape_text(const int64_t* sizes, int ndim) {
   return s + "]";
 }
 
+bool is_written_weight(size_t index) {
+  for (size_t j = 0; j < program.num_writes; ++j)
+    if (program.writes[j].into_weight != 0 && program.writes[j].target == index) return true;
+  return false;
+}
+
 void bind_weights(Context& ctx, const char* path, bool verify) {
   std::string why;
   if (!ctx.weights_file.open(path, &why)) throw Error(KILN_BAD_WEIGHTS, why);
@@ -433,7 +440,9 @@ void bind_weights(Context& ctx, const char* path, bool verify) {
                                         ", the model needs " + shape_text(w.sizes, w.ndim));
     size_t itemsize = info(w.dtype).itemsize;
     void* host = const_cast<void*>(e->data);
-    if (reinterpret_cast<uintptr_t>(e->data) % itemsize != 0) {
+    // Note: a weight the model writes (a buffer it mutates) is copied out of the mapping: the
+    // file's pages are read-only and shared by every model made from it.
+    if (reinterpret_cast<uintptr_t>(e->data) % itemsize != 0 || (!on_gpu() && is_written_weight(i))) {
       ctx.owned.push_back(allocate(e->nbytes));
       std::memcpy(ctx.owned.back().get(), e->data, e->nbytes);
       host = ctx.owned.back().get();
@@ -458,6 +467,15 @@ void allocate_memory(Context& ctx) {
   ctx.input_staging.resize(program.num_inputs);
   ctx.gpu_staging.resize(program.num_inputs, nullptr);
   ctx.views.resize(program.num_views);
+  for (size_t j = 0; j < program.num_writes; ++j) {
+    const TensorSpec& spec = program.writes[j].value;
+    if (on_gpu()) {
+      ctx.write_blocks.push_back(gpu_alloc(ctx, &spec, 0));
+    } else {
+      ctx.owned.push_back(allocate(nbytes(spec)));
+      ctx.write_blocks.push_back(ctx.owned.back().get());
+    }
+  }
   if (on_gpu()) {
     for (size_t i = 0; i < program.num_arenas; ++i) ctx.arenas.push_back(gpu_alloc(ctx, nullptr, program.arena_bytes[i]));
     for (size_t i = 0; i < program.num_scratch; ++i)
@@ -547,6 +565,7 @@ Tensor new_output(const TensorSpec& spec) {
 
 void run_graphs(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTensorHandle* outputs,
                 size_t num_outputs);
+void write_back(Context& ctx, const AtenTensorHandle* inputs);
 
 // A run on the GPU: every kernel, extern and copy on one stream (the caller's, or torch's current).
 void run(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTensorHandle* outputs,
@@ -584,7 +603,8 @@ void run_graphs(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs,
   for (size_t i = 0; i < num_inputs; ++i) args[i] = input_data(ctx, i, inputs[i]);
   for (size_t i = 0; i < program.num_weights; ++i) args[num_inputs + i] = ctx.weights[i];
   std::vector<Tensor> fresh(num_outputs);
-  std::vector<void*> results(num_outputs);
+  std::vector<void*> results(num_outputs + program.num_writes);
+  for (size_t j = 0; j < program.num_writes; ++j) results[num_outputs + j] = ctx.write_blocks[j];
   for (size_t i = 0; i < num_outputs; ++i) {
     const int64_t* strides = nullptr;
     std::string role = "output " + std::to_string(i);
@@ -593,8 +613,30 @@ void run_graphs(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs,
     results[i] = checked_data(h, program.outputs[i], role, false, &strides);
   }
   program.main(ctx, args.data(), results.data());
+  write_back(ctx, inputs);
   for (size_t i = 0; i < num_outputs; ++i)
     if (outputs[i] == nullptr) outputs[i] = fresh[i].release();
+}
+
+// The values of the inputs and buffers the model mutates, into them: an input through torch
+// (the caller's tensor, whatever its strides and device), a weight into the model's own copy.
+void write_back(Context& ctx, const AtenTensorHandle* inputs) {
+  for (size_t j = 0; j < program.num_writes; ++j) {
+    const Write& w = program.writes[j];
+    const TensorSpec& v = w.value;
+    if (w.into_weight != 0) {
+      const TensorSpec& weight = program.weights[w.target];
+      copy_strided(ctx.weights[w.target], weight.strides, ctx.write_blocks[j], v.strides, v.sizes, v.ndim,
+                   info(v.dtype).itemsize);
+      continue;
+    }
+    AtenTensorHandle h = nullptr;
+    check(aoti_torch_create_tensor_from_blob(ctx.write_blocks[j], v.ndim, v.sizes, v.strides, 0, aoti_dtype(v.dtype),
+                                             device_type(), 0, &h),
+          "viewing a value to write back");
+    Tensor value(h);
+    check(aoti_torch_copy_(inputs[w.target], value.get(), 0), "writing a mutated input back");
+  }
 }
 
 std::string& last_error() {

@@ -43,6 +43,15 @@ struct CubinKernel {
 struct Context;
 using GraphFn = void (*)(Context&, void* const* args, void* const* results);
 
+// An input or buffer the model mutates in forward(): the main graph computes its new value as
+// a result after the outputs, which the runtime copies into the caller's input tensor or the
+// model's own copy of the weight once the run is done.
+struct Write {
+  TensorSpec value;  // the result's layout
+  int into_weight;   // 0: user input `target`; 1: weight `target`
+  size_t target;
+};
+
 struct Program {
   const TensorSpec* inputs;  // user inputs, in order
   size_t num_inputs;
@@ -55,11 +64,13 @@ struct Program {
   const size_t* scratch_bytes;  // staging for control flow (carried values, restrided operands)
   size_t num_scratch;
   size_t num_views;  // view slots: tensors for shim calls, kept while their memory stays put
-  GraphFn main;  // args: inputs then weights; results: outputs
+  GraphFn main;  // args: inputs then weights; results: outputs, then the writes' values
   const char* target;
   const char* isa;  // the x86-64 level the kernels were compiled for: "x86-64" or "x86-64-v3"
   const CubinKernel* kernels;  // cuda: every kernel the graphs launch; cpu: none
   size_t num_kernels;
+  const Write* writes;  // values the model writes into its inputs or buffers, as eager does
+  size_t num_writes;
 };
 
 // Defined by the generated wrapper.

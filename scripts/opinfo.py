@@ -59,7 +59,8 @@ def _find(name: str) -> Any:
 
 
 class Unjudged(Exception):
-    """The op cannot be judged: its eager result is random, complex, not tensors, or export fails."""
+    """The op cannot be judged: its eager result is random, complex, sparse, not tensors, or
+    export fails."""
 
 
 def _module_for(op: Any, samples: list[Any]) -> tuple[Any, tuple[Any, ...]]:
@@ -99,6 +100,8 @@ def _eager(module: Any, inputs: tuple[Any, ...]) -> Any:
     outputs = pytree.tree_leaves(first)
     if not outputs or not all(isinstance(t, torch.Tensor) for t in outputs):
         raise Unjudged("an output is not a tensor")
+    if any(t.layout != torch.strided for t in (*outputs, *inputs)):
+        raise Unjudged("sparse")
     if any(t.is_complex() for t in (*outputs, *inputs)):
         raise Unjudged("complex")
     for a, b in zip(outputs, pytree.tree_leaves(second), strict=True):

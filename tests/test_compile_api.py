@@ -136,3 +136,14 @@ def test_relative_cache_and_build_folders_work(tmp_path: Path, monkeypatch: pyte
     compiled = kiln_compile(model, (x,), target="cpu", out="rel/build", cache_dir="rel/cache")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_the_mean_of_nothing_is_nan_in_var_mean_too(tmp_path: Path) -> None:
+    class Moments(torch.nn.Module):
+        def forward(self, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (*torch.var_mean(a, unbiased=False), *torch.std_mean(a), a.mean())
+
+    empty = torch.tensor([])
+    compiled = kiln_compile(Moments(), (empty,), target="cpu", out=tmp_path / "b", cache_dir=tmp_path / "c")
+    for got, want in zip(compiled(empty), Moments()(empty), strict=True):
+        torch.testing.assert_close(got, want, equal_nan=True)

@@ -47,5 +47,5 @@ def model_json(schedule: Schedule, signature: Mapping[str, Any], target: str) ->
     main = schedule.main
     produced = {b.name: b for b in main.buffers}
     inputs = tuple(_io(b, b.name) for b in main.inputs if b.kind is not BufferKind.WEIGHT)
-    outputs = tuple(_io(produced[name], f"output{i}") for i, name in enumerate(main.outputs))
+    outputs = tuple(_io(produced[name], f"output{i}") for i, name in enumerate(main.user_outputs()))
     return ModelJson(target, inputs, outputs, signature.get("in_spec"), signature.get("out_spec"))

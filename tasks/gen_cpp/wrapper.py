@@ -403,6 +403,15 @@ def spec_line(name: str, b: Buffer | Layout) -> str:
     return f"  {{{json.dumps(name)}, {_DTYPE[b.dtype]}, {len(shape)}, {_ints(shape)}, {_ints(stride)}}},"
 
 
+def _write_row(value: Buffer, target: str, users: list[Buffer], weights: list[Buffer]) -> str:
+    """A kiln::Write: the value's layout, and the input or weight it is copied into."""
+    spec = spec_line(f"write:{target}", value).strip().rstrip(",")
+    user_names = [b.name for b in users]
+    if target in user_names:
+        return f"  {{{spec}, 0, {user_names.index(target)}}},"
+    return f"  {{{spec}, 1, {[b.name for b in weights].index(target)}}},"
+
+
 def _table(ctype: str, name: str, rows: list[str]) -> list[str]:
     if not rows:
         return [f"const {ctype}* const {name} = nullptr;"]
@@ -420,14 +429,17 @@ def wrapper_source(schedule: Schedule, launcher: Launcher, isa: str = "x86-64") 
     writer = WrapperWriter(schedule, launcher)
     writer.graph(main, [f"args[{order[b.name]}]" for b in main.inputs])
     produced = {b.name: b for b in main.buffers}
-    outputs = [produced[name] for name in main.outputs]
+    outputs = [produced[name] for name in main.user_outputs()]
     outs = [spec_line(f"output{i}", b) for i, b in enumerate(outputs)]
+    written = main.outputs[len(outputs):]
     lines = [*_preamble(writer)]
     for fn in writer.functions:
         lines += [*fn, ""]
     lines += _table("kiln::TensorSpec", "kInputs", [spec_line(b.name, b) for b in users])
     lines += _table("kiln::TensorSpec", "kWeights", [spec_line(b.weight, b) for b in weights])
     lines += _table("kiln::TensorSpec", "kOutputs", outs)
+    lines += _table("kiln::Write", "kWrites", [_write_row(produced[value], target, users, weights)
+                                               for value, target in zip(written, main.writes, strict=True)])
     lines += [f"const size_t kArenas[] = {_ints(writer.arenas)};"]
     lines += _table("size_t", "kScratch", [f"  {n}," for n in writer.scratch])
     kernel_rows = launcher.table_rows(writer.kernels)
@@ -441,7 +453,7 @@ def wrapper_source(schedule: Schedule, launcher: Launcher, isa: str = "x86-64") 
         "const Program program = {{kInputs, {}, kWeights, {}, kOutputs, {},".format(*counts[:3]),
         "                         kArenas, {}, kScratch, {}, {}, graph_0, {}, {},".format(
             *counts[3:], json.dumps(launcher.target), json.dumps(isa)),
-        f"                         kKernels, {len(kernel_rows)}}};",
+        f"                         kKernels, {len(kernel_rows)}, kWrites, {len(written)}}};",
         "}  // namespace kiln",
         "",
     ]

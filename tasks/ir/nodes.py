@@ -212,6 +212,14 @@ class Graph:
     inputs: tuple[Buffer, ...]  # user inputs (INPUT) then weights (WEIGHT), or a subgraph's operands
     nodes: tuple[Node, ...]
     outputs: tuple[str, ...]  # buffer names; every output is a buffer some node computed
+    # Note: a model that mutates an input or a buffer in forward() has those values as its
+    # last outputs; writes names, in order, the input or weight buffer each is copied into
+    # after the run (the runtime does it), as eager leaves them. Only the main graph has any.
+    writes: tuple[str, ...] = ()
+
+    def user_outputs(self) -> tuple[str, ...]:
+        """The outputs the model returns: all but the values written back."""
+        return self.outputs[:len(self.outputs) - len(self.writes)]
 
     def buffers(self) -> dict[str, Buffer]:
         found = {b.name: b for b in self.inputs}

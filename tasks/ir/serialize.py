@@ -172,12 +172,12 @@ def _canon(value: Any) -> str:
 
 def graph_json(g: Graph) -> Json:
     return {"inputs": [buffer_json(b) for b in g.inputs], "nodes": [node_json(n) for n in g.nodes],
-            "outputs": list(g.outputs)}
+            "outputs": list(g.outputs)} | ({"writes": list(g.writes)} if g.writes else {})
 
 
 def graph_from(d: Json) -> Graph:
     return Graph(tuple(buffer_from(b) for b in d["inputs"]), tuple(node_from(n) for n in d["nodes"]),
-                 tuple(d["outputs"]))
+                 tuple(d["outputs"]), tuple(d.get("writes", ())))
 
 
 def dumps(g: Graph) -> bytes:

@@ -92,16 +92,23 @@ class GraphLowering:
         self.source = source
         self.env: dict[str, Any] = {}
 
-    def run(self, graph: Json, inputs: Sequence[Buffer | None]) -> Graph:
-        """inputs: a buffer per placeholder, None for an effect token."""
+    def run(self, graph: Json, inputs: Sequence[Buffer | None], writes: Sequence[str | None] = ()) -> Graph:
+        """inputs: a buffer per placeholder, None for an effect token; writes: per output of the
+        graph (the main graph's), the input or weight it is written back into, or None."""
         placeholders = [ser.decode(arg, lambda name: name) for arg in graph["inputs"]]
         for name, buf in zip(placeholders, inputs, strict=True):
             self.env[name] = TOKEN if buf is None else TensorValue.of(buf)
         for node in graph["nodes"]:
             self.call(node, graph["tensor_values"])
-        outputs = [v for v in (ser.decode(arg, self.tensor) for arg in graph["outputs"]) if v is not TOKEN]
-        names = self.finish_outputs(outputs)  # may add copies: before the nodes are taken
-        return Graph(tuple(b for b in inputs if b is not None), tuple(self.ctx.nodes), names)
+        values = [ser.decode(arg, self.tensor) for arg in graph["outputs"]]
+        targets = list(writes) or [None] * len(values)
+        # Note: the values written back go last, after the user's outputs (torch lists them first),
+        # so the model's outputs keep their positions; Graph.writes names their targets in order.
+        kept = [(v, t) for v, t in zip(values, targets, strict=True) if v is not TOKEN]
+        ordered = [v for v, t in kept if t is None] + [v for v, t in kept if t is not None]
+        names = self.finish_outputs(ordered)  # may add copies: before the nodes are taken
+        return Graph(tuple(b for b in inputs if b is not None), tuple(self.ctx.nodes), names,
+                     tuple(t for _, t in kept if t is not None))
 
     def tensor(self, name: str) -> Any:
         return self.env[name]
@@ -229,10 +236,6 @@ def lower_program(program: Json, source_map: Mapping[str, str]) -> Graph:
     """program: trace's program.json, parsed."""
     module = program["graph_module"]
     graph, signature = module["graph"], module["signature"]
-    mutations = ("buffer_mutation", "user_input_mutation")
-    if any(k in spec for spec in signature["output_specs"] for k in mutations):
-        raise LoweringError("the model mutates its buffers or inputs in forward(); kiln compiles "
-                            "inference graphs: call model.eval() and avoid in-place updates of state")
     inputs = [_placeholder(spec, graph["tensor_values"]) for spec in signature["input_specs"]]
     device = next((b.device for b in inputs if b is not None), "cpu")
 
@@ -240,7 +243,32 @@ def lower_program(program: Json, source_map: Mapping[str, str]) -> Graph:
         line = source_map.get(node)
         return f"\n  at {line}" if line else ""
 
-    return GraphLowering(Lower(device), source).run(graph, inputs)
+    writes = _write_targets(signature["output_specs"], [b for b in inputs if b is not None])
+    return GraphLowering(Lower(device), source).run(graph, inputs, writes)
+
+
+def _write_targets(specs: list[Json], inputs: list[Buffer]) -> list[str | None]:
+    """Per graph output: the input or weight buffer it is written back into after the run (an
+    input or buffer the model mutates in forward, as torch.export lists them), or None."""
+    targets: list[str | None] = []
+    for spec in specs:
+        kind, body = next(iter(spec.items()))
+        if kind == "user_input_mutation":
+            targets.append(_buffer_named([b for b in inputs if b.name == body["user_input_name"]], body))
+        elif kind == "buffer_mutation":
+            targets.append(_buffer_named([b for b in inputs if b.weight == body["buffer_name"]], body))
+        elif kind in ("user_output", "token"):
+            targets.append(None)
+        else:
+            raise LoweringError(f"the model's graph has a {kind} output; kiln compiles inference graphs",
+                                "call model.eval(), and compute no gradients in forward()")
+    return targets
+
+
+def _buffer_named(matching: list[Buffer], spec: Json) -> str:
+    if not matching:
+        raise LoweringError(f"the model mutates {spec}, which is none of its inputs or buffers")
+    return matching[0].name
 
 
 _WEIGHT_NAMES = {"parameter": "parameter_name", "buffer": "buffer_name",

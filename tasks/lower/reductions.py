@@ -8,6 +8,7 @@ dtype; keepdim is a view. Composites emit several nodes; the scheduler fuses the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -154,6 +155,9 @@ def variance(ctx: Lower, call: Call) -> tuple[TensorValue, TensorValue, list[int
     x = call.tensor("self")
     dims = norm_dims(call.args.get("dim"), x.ndim)
     mean, m2 = reduce_dims(ctx, x, dims, ReduceOp.WELFORD, call.origin)
+    if _count(x, dims) == 0:  # the mean of nothing is NaN, as eager's sum / 0 (welford's is 0)
+        mean = pointwise_of(ctx, mean.shape, mean.dtype, call.origin, [mean],
+                            lambda a: const(math.nan, a[0].dtype))
     denominator = max(_count(x, dims) - _correction(call), 0.0)
     var = pointwise_of(ctx, m2.shape, m2.dtype, call.origin, [m2],
                        lambda a: binary(Op.TRUEDIV, a[0], const(denominator, a[0].dtype)))

@@ -97,6 +97,10 @@ class ScheduledGraph:
     buffers: tuple[Buffer, ...]  # every buffer a step writes
     arena: tuple[tuple[str, int], ...]  # buffer -> byte offset in this graph's arena
     arena_bytes: int
+    writes: tuple[str, ...] = ()  # as Graph.writes: where the last outputs are copied after the run
+
+    def user_outputs(self) -> tuple[str, ...]:
+        return self.outputs[:len(self.outputs) - len(self.writes)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,14 +213,16 @@ def graph_json(g: ScheduledGraph) -> dict[str, Any]:
     offsets = dict(g.arena)
     buffers = [buffer_json(b) | {"arena_offset": offsets.get(b.name)} for b in g.buffers]
     return {"inputs": [buffer_json(b) for b in g.inputs], "outputs": list(g.outputs),
-            "steps": [step_json(s) for s in g.steps], "buffers": buffers, "arena_bytes": g.arena_bytes}
+            "steps": [step_json(s) for s in g.steps], "buffers": buffers, "arena_bytes": g.arena_bytes} \
+        | ({"writes": list(g.writes)} if g.writes else {})
 
 
 def graph_from(d: dict[str, Any]) -> ScheduledGraph:
     arena = tuple((b["name"], b["arena_offset"]) for b in d["buffers"] if b["arena_offset"] is not None)
     return ScheduledGraph(tuple(buffer_from(b) for b in d["inputs"]), tuple(d["outputs"]),
                           tuple(step_from(s) for s in d["steps"]),
-                          tuple(buffer_from(b) for b in d["buffers"]), arena, d["arena_bytes"])
+                          tuple(buffer_from(b) for b in d["buffers"]), arena, d["arena_bytes"],
+                          tuple(d.get("writes", ())))
 
 
 def schedule_json(s: Schedule) -> dict[str, Any]:

@@ -127,5 +127,5 @@ def planned(graph: Graph, steps: list[Step], run: Run) -> ScheduledGraph:
     arena = [Interval(b, first[b.name], last[b.name]) for b in written if b.name not in graph.outputs]
     offsets, size = plan_arena(arena)
     return ScheduledGraph(graph.inputs, graph.outputs, tuple(steps), tuple(written),
-                          tuple(sorted(offsets.items())), size)
+                          tuple(sorted(offsets.items())), size, graph.writes)
 

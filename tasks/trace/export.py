@@ -45,12 +45,22 @@ def export_only(
     warn: Callable[[str], None] = lambda _text: None,
 ) -> torch.export.ExportedProgram:
     """torch.export as it is: its weights are final, its graph not yet decomposed."""
+    if _mode_matters(module):
+        warn(f"model {model!r} is in training mode and is compiled so, as eager runs it: batch norm "
+             "takes the batch's statistics and updates its running stats. Call model.eval() first "
+             "to compile inference")
     with _export_errors(model, root), _without_kv_cache(module) as turned_off:
         if turned_off:
             warn(f"model {model!r}: use_cache turned off for the compile: the compiled forward returns "
                  "no past_key_values (kiln compiles one forward pass, not a generation loop with a KV "
                  "cache)")
         return torch.export.export(module, args, strict=False)
+
+
+def _mode_matters(module: torch.nn.Module) -> bool:
+    """In training mode, with a submodule whose forward depends on it (batch norm, dropout)."""
+    kinds = (torch.nn.modules.batchnorm._NormBase, torch.nn.modules.dropout._DropoutNd)
+    return module.training and any(isinstance(m, kinds) for m in module.modules())
 
 
 @contextlib.contextmanager

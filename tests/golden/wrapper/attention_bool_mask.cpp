@@ -42,6 +42,7 @@ const kiln::TensorSpec* const kWeights = nullptr;
 const kiln::TensorSpec kOutputs[] = {
   {"output0", kiln::DType::F32, 4, {1, 2, 8, 4}, {64, 32, 4, 1}},
 };
+const kiln::Write* const kWrites = nullptr;
 const size_t kArenas[] = {256};
 const size_t* const kScratch = nullptr;
 const kiln::CubinKernel* const kKernels = nullptr;
@@ -51,5 +52,5 @@ const kiln::CubinKernel* const kKernels = nullptr;
 namespace kiln {
 const Program program = {kInputs, 4, kWeights, 0, kOutputs, 1,
                          kArenas, 1, kScratch, 0, 5, graph_0, "cpu", "x86-64",
-                         kKernels, 0};
+                         kKernels, 0, kWrites, 0};
 }  // namespace kiln

@@ -45,6 +45,7 @@ const kiln::TensorSpec* const kWeights = nullptr;
 const kiln::TensorSpec kOutputs[] = {
   {"output0", kiln::DType::F32, 4, {1, 2, 8, 4}, {64, 32, 4, 1}},
 };
+const kiln::Write* const kWrites = nullptr;
 const size_t kArenas[] = {256};
 const size_t* const kScratch = nullptr;
 const kiln::CubinKernel kKernels[] = {
@@ -56,5 +57,5 @@ const kiln::CubinKernel kKernels[] = {
 namespace kiln {
 const Program program = {kInputs, 4, kWeights, 0, kOutputs, 1,
                          kArenas, 1, kScratch, 0, 5, graph_0, "cuda", "x86-64",
-                         kKernels, 1};
+                         kKernels, 1, kWrites, 0};
 }  // namespace kiln

@@ -54,6 +54,7 @@ const kiln::TensorSpec* const kWeights = nullptr;
 const kiln::TensorSpec kOutputs[] = {
   {"output0", kiln::DType::F32, 2, {4, 8}, {8, 1}},
 };
+const kiln::Write* const kWrites = nullptr;
 const size_t kArenas[] = {64, 0, 0};
 const size_t* const kScratch = nullptr;
 const kiln::CubinKernel* const kKernels = nullptr;
@@ -63,5 +64,5 @@ const kiln::CubinKernel* const kKernels = nullptr;
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 0, kOutputs, 1,
                          kArenas, 3, kScratch, 0, 0, graph_0, "cpu", "x86-64",
-                         kKernels, 0};
+                         kKernels, 0, kWrites, 0};
 }  // namespace kiln

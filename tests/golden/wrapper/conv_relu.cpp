@@ -40,6 +40,7 @@ const kiln::TensorSpec kWeights[] = {
 const kiln::TensorSpec kOutputs[] = {
   {"output0", kiln::DType::F32, 4, {2, 4, 8, 8}, {256, 64, 8, 1}},
 };
+const kiln::Write* const kWrites = nullptr;
 const size_t kArenas[] = {2048};
 const size_t* const kScratch = nullptr;
 const kiln::CubinKernel* const kKernels = nullptr;
@@ -49,5 +50,5 @@ const kiln::CubinKernel* const kKernels = nullptr;
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 2, kOutputs, 1,
                          kArenas, 1, kScratch, 0, 4, graph_0, "cpu", "x86-64",
-                         kKernels, 0};
+                         kKernels, 0, kWrites, 0};
 }  // namespace kiln

@@ -43,6 +43,7 @@ const kiln::TensorSpec kWeights[] = {
 const kiln::TensorSpec kOutputs[] = {
   {"output0", kiln::DType::F32, 2, {8, 16}, {16, 1}},
 };
+const kiln::Write* const kWrites = nullptr;
 const size_t kArenas[] = {512};
 const size_t* const kScratch = nullptr;
 const kiln::CubinKernel* const kKernels = nullptr;
@@ -52,5 +53,5 @@ const kiln::CubinKernel* const kKernels = nullptr;
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 4, kOutputs, 1,
                          kArenas, 1, kScratch, 0, 3, graph_0, "cpu", "x86-64",
-                         kKernels, 0};
+                         kKernels, 0, kWrites, 0};
 }  // namespace kiln

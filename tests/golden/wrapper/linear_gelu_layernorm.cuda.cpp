@@ -46,6 +46,7 @@ const kiln::TensorSpec kWeights[] = {
 const kiln::TensorSpec kOutputs[] = {
   {"output0", kiln::DType::F32, 2, {8, 16}, {16, 1}},
 };
+const kiln::Write* const kWrites = nullptr;
 const size_t kArenas[] = {512};
 const size_t* const kScratch = nullptr;
 const kiln::CubinKernel kKernels[] = {
@@ -57,5 +58,5 @@ const kiln::CubinKernel kKernels[] = {
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 4, kOutputs, 1,
                          kArenas, 1, kScratch, 0, 3, graph_0, "cuda", "x86-64",
-                         kKernels, 1};
+                         kKernels, 1, kWrites, 0};
 }  // namespace kiln

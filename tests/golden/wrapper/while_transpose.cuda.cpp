@@ -84,6 +84,7 @@ const kiln::TensorSpec kWeights[] = {
 const kiln::TensorSpec kOutputs[] = {
   {"output0", kiln::DType::F32, 2, {6, 6}, {6, 1}},
 };
+const kiln::Write* const kWrites = nullptr;
 const size_t kArenas[] = {128, 0, 0};
 const size_t kScratch[] = {
   8,
@@ -104,5 +105,5 @@ const kiln::CubinKernel kKernels[] = {
 namespace kiln {
 const Program program = {kInputs, 1, kWeights, 1, kOutputs, 1,
                          kArenas, 3, kScratch, 5, 0, graph_0, "cuda", "x86-64",
-                         kKernels, 4};
+                         kKernels, 4, kWrites, 0};
 }  // namespace kiln

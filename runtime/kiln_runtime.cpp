@@ -59,7 +59,7 @@ const DTypeInfo& info(DType d) {
   static const DTypeInfo table[] = {
       {"bool", "BOOL", 1},   {"uint8", "U8", 1},   {"int8", "I8", 1},      {"int16", "I16", 2},
       {"int32", "I32", 4},   {"int64", "I64", 8},  {"float16", "F16", 2},  {"bfloat16", "BF16", 2},
-      {"float32", "F32", 4}, {"float64", "F64", 8},
+      {"float32", "F32", 4}, {"float64", "F64", 8}, {"complex64", "C64", 8}, {"complex128", "C128", 16},
   };
   return table[static_cast<int>(d)];
 }
@@ -76,6 +76,8 @@ int32_t aoti_dtype(DType d) {
     case DType::BF16: return aoti_torch_dtype_bfloat16();
     case DType::F32: return aoti_torch_dtype_float32();
     case DType::F64: return aoti_torch_dtype_float64();
+    case DType::C64: return aoti_torch_dtype_complex64();
+    case DType::C128: return aoti_torch_dtype_complex128();
   }
   return -1;
 }
@@ -494,7 +496,7 @@ void allocate_memory(Context& ctx) {
 
 // torch's name of an aoti dtype code ("int64"); the code itself for one kiln has no DType for.
 std::string dtype_text(int32_t code) {
-  for (int d = 0; d <= static_cast<int>(DType::F64); ++d)
+  for (int d = 0; d <= static_cast<int>(DType::C128); ++d)
     if (aoti_dtype(static_cast<DType>(d)) == code) return info(static_cast<DType>(d)).torch_name;
   return "dtype code " + std::to_string(code);
 }

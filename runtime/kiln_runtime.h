@@ -21,7 +21,7 @@ namespace kiln {
 
 constexpr int kMaxDims = 12;
 
-enum class DType : int { B8, U8, I8, I16, I32, I64, F16, BF16, F32, F64 };
+enum class DType : int { B8, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64, C128 };
 
 struct TensorSpec {
   const char* name;

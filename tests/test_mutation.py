@@ -26,7 +26,8 @@ class Mutating(torch.nn.Module):
         y[:, 0] = 7.0
         y.index_put_((i,), torch.ones(3), accumulate=True)
         stats = (self.bn.running_mean, self.bn.num_batches_tracked)
-        assert stats[0] is not None and stats[1] is not None
+        assert stats[0] is not None
+        assert stats[1] is not None
         return x * 2 + self.count, self.bn(y), stats[0] * 1, stats[1] * 1
 
 

@@ -16,6 +16,10 @@ class DType(enum.Enum):
     BF16 = "bf16"
     F32 = "f32"
     F64 = "f64"
+    # Note: complex tensors only pass through: aten fallbacks make and take them (fft, say),
+    # the runtime holds them; no kiln kernel computes on one (lowering leaves such ops to torch).
+    C64 = "c64"
+    C128 = "c128"
 
     @property
     def itemsize(self) -> int:
@@ -30,6 +34,10 @@ class DType(enum.Enum):
         return self in INTS
 
     @property
+    def is_complex(self) -> bool:
+        return self in (DType.C64, DType.C128)
+
+    @property
     def compute(self) -> DType:
         """The type arithmetic runs in: fp16/bf16 storage computes in fp32."""
         return DType.F32 if self in (DType.F16, DType.BF16) else self
@@ -39,12 +47,12 @@ FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
 INTS = frozenset({DType.U8, DType.I8, DType.I16, DType.I32, DType.I64})
 _ITEMSIZE = {
     DType.BOOL: 1, DType.U8: 1, DType.I8: 1, DType.I16: 2, DType.I32: 4, DType.I64: 8,
-    DType.F16: 2, DType.BF16: 2, DType.F32: 4, DType.F64: 8,
+    DType.F16: 2, DType.BF16: 2, DType.F32: 4, DType.F64: 8, DType.C64: 8, DType.C128: 16,
 }
 # torch's dtype names, so the IR itself never imports torch.
 TORCH_NAMES = {
     DType.BOOL: "bool", DType.U8: "uint8", DType.I8: "int8", DType.I16: "int16",
     DType.I32: "int32", DType.I64: "int64", DType.F16: "float16", DType.BF16: "bfloat16",
-    DType.F32: "float32", DType.F64: "float64",
+    DType.F32: "float32", DType.F64: "float64", DType.C64: "complex64", DType.C128: "complex128",
 }
 BY_TORCH_NAME = {v: k for k, v in TORCH_NAMES.items()}

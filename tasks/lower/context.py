@@ -19,6 +19,7 @@ from tasks.ir.nodes import (
     Buffer,
     Extern,
     ExternOp,
+    Fallback,
     Node,
     Pointwise,
     ReduceOp,
@@ -126,7 +127,20 @@ class Lower:
 
     def copy(self, value: TensorValue, origin: str) -> TensorValue:
         """A fresh contiguous buffer holding the value (a scatter's target, say)."""
+        if value.dtype.is_complex:
+            return self.complex_copy(value, origin)
         return self.pointwise(value.shape, value.dtype, origin, lambda loop: loop.load(value, loop.idx))
+
+    def complex_copy(self, value: TensorValue, origin: str) -> TensorValue:
+        """A complex value's copy, by torch (aten.clone): no kiln kernel computes on complex."""
+        strided = value.strided()
+        if strided is None:
+            raise LoweringError("a complex value kiln would have to compute a layout for",
+                                "kiln passes complex tensors between torch's ops only")
+        out = self.new_buffer(value.shape, value.dtype)
+        args = canonical_json({"args": [], "kwargs": {"self": {"input": 0}}}).decode()
+        self.emit(Fallback("aten.clone.default", (out,), (strided,), args, origin))
+        return TensorValue.of(out)
 
     def view(self, value: TensorValue, origin: str) -> View:
         """A strided view for a call that takes tensors; copies only what strides cannot say."""

@@ -164,6 +164,8 @@ class GraphLowering:
             return empty
         target = resolve(name)
         call = Call(name, origin, bind(target, args, kwargs), meta)
+        if _touches_complex(call.args, meta):
+            return lower_fallback(self.ctx, call)  # Note: kiln's kernels compute on no complex value
         return (LOWERINGS.get(name) or lower_fallback)(self.ctx, call)
 
     def _bind_results(self, outs: list[str | list[str] | None], result: Any) -> None:
@@ -188,6 +190,13 @@ class GraphLowering:
                 value = self.ctx.copy(value, "output")
             names.append(value.buffer.name)
         return tuple(names)
+
+
+def _touches_complex(args: Mapping[str, Any], meta: Any) -> bool:
+    values = [x for v in args.values() for x in (v if isinstance(v, list | tuple) else [v])]
+    metas = meta if isinstance(meta, tuple) else (meta,)
+    return any(isinstance(v, TensorValue) and v.dtype.is_complex for v in values) or \
+        any(isinstance(m, OutMeta) and m.dtype.is_complex for m in metas)
 
 
 def same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:

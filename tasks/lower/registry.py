@@ -55,6 +55,7 @@ def lower_fallback(ctx: Lower, call: Call) -> Any:  # TensorValue or a tuple of 
     if any(m is None for m in metas):
         raise LoweringError(f"{call.target} returns a value that is not a tensor; kiln cannot call it")
     target, bound = _without_scalars(ctx, call)
+    bound = _numbers_as_tensors(ctx, call, target, bound)
     views: list[View] = []
     args = {k: _encode(v, ctx, call, views) for k, v in bound.items()}
     outs = tuple(ctx.new_buffer(m.shape, m.dtype) for m in metas if isinstance(m, OutMeta))
@@ -93,6 +94,14 @@ def _without_scalars(ctx: Lower, call: Call) -> tuple[str, dict[str, Any]]:
             bound = {k: _zero_dim(ctx, call, v) if k in scalars else v for k, v in call.args.items()}
             return f"{packet_name}.{overload}", bound
     return call.target, call.args
+
+
+def _numbers_as_tensors(ctx: Lower, call: Call, target: str, bound: dict[str, Any]) -> dict[str, Any]:
+    """A number where the schema takes a Tensor (export passes `f * 2` as mul.Tensor(f, 2)), as
+    a 0-d tensor: the dispatcher takes only tensors there."""
+    tensors = {a.name for a in _op(target)._schema.arguments if a.type.kind() == "TensorType"}
+    return {k: _zero_dim(ctx, call, v) if k in tensors and isinstance(v, bool | int | float) else v
+            for k, v in bound.items()}
 
 
 def _op(target: str) -> Any:
@@ -137,6 +146,8 @@ _EXACT_INTS = {DType.F64: 2**53, DType.F32: 2**24, DType.F16: 2**11, DType.BF16:
 
 
 def _holds(dtype: DType, value: bool | int | float) -> bool:
+    if dtype.is_complex:  # kiln computes no complex value; the number's own dtype promotes the same
+        return False
     if isinstance(value, bool) or dtype is DType.BOOL:
         return isinstance(value, bool) or dtype is not DType.BOOL
     if dtype.is_float:

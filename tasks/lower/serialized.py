@@ -24,7 +24,7 @@ SCALAR_TYPES = {
     ScalarType.BOOL: DType.BOOL, ScalarType.BYTE: DType.U8, ScalarType.CHAR: DType.I8,
     ScalarType.SHORT: DType.I16, ScalarType.INT: DType.I32, ScalarType.LONG: DType.I64,
     ScalarType.HALF: DType.F16, ScalarType.BFLOAT16: DType.BF16, ScalarType.FLOAT: DType.F32,
-    ScalarType.DOUBLE: DType.F64,
+    ScalarType.DOUBLE: DType.F64, ScalarType.COMPLEXFLOAT: DType.C64, ScalarType.COMPLEXDOUBLE: DType.C128,
 }
 _FLOAT_WORDS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
 

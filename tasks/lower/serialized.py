@@ -58,7 +58,13 @@ _FORMATS = {MemoryFormat.ContiguousFormat: "contiguous_format", MemoryFormat.Cha
 def static_size(value: Json, what: str) -> int:
     if "as_int" in value:
         return int(value["as_int"])
-    raise LoweringError(f"{what} has a dynamic size ({value}); kiln compiles static shapes only: "
+    expr = str(value.get("as_expr", {}).get("expr_str", value))
+    if "Symbol('u" in expr:  # an unbacked size: torch knows it only once the op has run
+        raise LoweringError(f"{what}'s size depends on the values of the data (nonzero, masked_select, "
+                            "unique, ...); kiln compiles static shapes only",
+                            "compute a fixed-size result instead (a mask, torch.where), or run this part "
+                            "outside the compiled model")
+    raise LoweringError(f"{what} has a dynamic size ({expr}); kiln compiles static shapes only",
                         "export with concrete example inputs")
 
 

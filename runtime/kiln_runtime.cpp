@@ -378,6 +378,7 @@ DType same_size_dtype(size_t itemsize) {
     case 1: return DType::U8;
     case 2: return DType::I16;
     case 4: return DType::I32;
+    case 16: return DType::C128;
     default: return DType::I64;
   }
 }

@@ -106,7 +106,7 @@ namespace detail {
 inline size_t dtype_itemsize(const std::string& dtype) {
   static const std::pair<const char*, size_t> kSizes[] = {
       {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
-      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}, {"C64", 8},
   };
   for (const auto& [known, size] : kSizes) {
     if (dtype == known) return size;

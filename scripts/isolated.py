@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -69,6 +70,11 @@ def _forked(call: Callable[[], dict[str, Any]], writer: Any, log: Path) -> None:
     with log.open("w") as sink:
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
+    # Note: fresh stdio objects: the parent forks from worker threads while its main thread
+    # prints, so the inherited ones may hold a lock no thread here will release, and a buffer
+    # of the parent's output.
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
     writer.send(call())
     writer.close()
 

@@ -68,6 +68,23 @@ def test_a_strided_input_is_written_back_through_its_strides(tmp_path: Path) -> 
     torch.testing.assert_close(got_input, want_input)
 
 
+def test_a_parameter_updated_without_grad_is_written_back(tmp_path: Path) -> None:
+    class Counter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                self.w.add_(x)
+            return self.w * 1
+
+    x = torch.randn(3)
+    compiled = kiln_compile(Counter(), (x,), target="cpu", out=tmp_path / "b", cache_dir=tmp_path / "c")
+    compiled(x)
+    torch.testing.assert_close(compiled(x), 2 * x)
+
+
 def test_training_mode_is_kept_and_said(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)).train()
     kiln_compile(model, (torch.randn(4, 3),), target="cpu", out=tmp_path / "b", cache_dir=tmp_path / "c")

@@ -17,7 +17,7 @@ CI_OPS = (
     "nn.functional.pixel_unshuffle", "linalg.vector_norm", "special.chebyshev_polynomial_t", "clamp",
     "histc", "addmv", "lerp", "pow", "linalg.cholesky", "erfinv", "add", "mul", "div.floor_rounding",
     "remainder", "atan2", "sigmoid", "nn.functional.gelu", "nn.functional.silu", "where", "nan_to_num",
-    "copysign", "fmax", "hypot", "sum", "prod", "var_mean", "logsumexp", "softmax", "log_softmax", "cumsum",
+    "fmin", "fmax", "hypot", "sum", "prod", "var_mean", "logsumexp", "softmax", "log_softmax", "cumsum",
     "argmin", "std", "nn.functional.layer_norm", "nn.functional.group_norm", "nn.functional.batch_norm",
     "gather", "scatter_add", "index_select", "take_along_dim", "index_put", "nn.functional.embedding",
     "diagonal", "permute", "flip", "nn.functional.pad.reflect", "cat", "nn.functional.conv2d", "matmul",

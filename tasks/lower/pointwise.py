@@ -453,16 +453,6 @@ def _nan_skipping(op: Op) -> Callable[[Expr, Expr], Expr]:
     return combine
 
 
-def _copysign(a: Expr, b: Expr) -> Expr:
-    # Note: -0.0 is negative here as in torch; 1 / -0.0 is -inf tells it from 0.0.
-    zero = _c(b, 0.0)
-    negative = binary(Op.LOGICAL_OR, binary(Op.LT, b, zero),
-                      binary(Op.LOGICAL_AND, binary(Op.EQ, b, zero),
-                             binary(Op.LT, unary(Op.RECIPROCAL, b), zero)))
-    size = unary(Op.ABS, a)
-    return where(negative, unary(Op.NEG, size), size)
-
-
 def _hypot(a: Expr, b: Expr) -> Expr:
     """sqrt(a^2 + b^2) without overflow in the squares: m * sqrt(1 + (n / m)^2)."""
     x, y = unary(Op.ABS, a), unary(Op.ABS, b)
@@ -496,9 +486,8 @@ def _float_binary(fn: Callable[[Expr, Expr], Expr]) -> Callable[[Lower, Call], T
 
 register("aten.fmax.default")(_binary_with(_nan_skipping(Op.MAXIMUM)))
 register("aten.fmin.default")(_binary_with(_nan_skipping(Op.MINIMUM)))
-register("aten.copysign.Tensor", "aten.copysign.Scalar")(_float_binary(_copysign))
 register("aten.hypot.default")(_float_binary(_hypot))
 register("aten.ldexp.Tensor")(_float_binary(lambda a, b: binary(Op.MUL, a, unary(Op.EXP2, b))))
 register("aten.angle.default")(_activation(lambda x, c: _angle(x)))
-register("aten.erfc.default", "aten.special_erfc.default")(
-    _activation(lambda x, c: binary(Op.SUB, _c(x, 1.0), unary(Op.ERF, x))))
+# Note: not erfc as 1 - erf (it cancels to 0 from x = 4 on), nor copysign from comparisons (a
+# NaN's sign bit cannot be read so): both stay aten fallbacks until the IR has ops for them.

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
+from cache.hashing import canonical_json
 from tasks.ir.dtypes import BY_TORCH_NAME, DType
 from tasks.ir.expr import const
-from tasks.ir.nodes import Buffer, BufferKind, Graph
+from tasks.ir.nodes import Buffer, BufferKind, Fallback, Graph
 from tasks.lower import serialized as ser
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.control import unsupported_higher_order
@@ -81,6 +82,11 @@ def _empty_result(ctx: Lower, meta: Any, origin: str) -> TensorValue | tuple[Ten
 
 
 def _zeros(ctx: Lower, meta: OutMeta, origin: str) -> TensorValue:
+    if meta.dtype.is_complex:  # no kiln kernel makes a complex value: torch's zeros does
+        out = ctx.new_buffer(meta.shape, meta.dtype)
+        args = {"args": [], "kwargs": {"size": list(meta.shape), "dtype": {"dtype": meta.dtype.value}}}
+        ctx.emit(Fallback("aten.zeros.default", (out,), (), canonical_json(args).decode(), origin))
+        return TensorValue.of(out)
     return ctx.pointwise(meta.shape, meta.dtype, origin, lambda loop: const(0, meta.dtype))
 
 
@@ -264,8 +270,9 @@ def _write_targets(specs: list[Json], inputs: list[Buffer]) -> list[str | None]:
         kind, body = next(iter(spec.items()))
         if kind == "user_input_mutation":
             targets.append(_buffer_named([b for b in inputs if b.name == body["user_input_name"]], body))
-        elif kind == "buffer_mutation":
-            targets.append(_buffer_named([b for b in inputs if b.weight == body["buffer_name"]], body))
+        elif kind in ("buffer_mutation", "parameter_mutation"):
+            name = body["buffer_name"] if kind == "buffer_mutation" else body["parameter_name"]
+            targets.append(_buffer_named([b for b in inputs if b.weight == name], body))
         elif kind in ("user_output", "token"):
             targets.append(None)
         else:

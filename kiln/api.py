@@ -47,7 +47,7 @@ def compile(
     target = _checked_target(target)
     name = type(model).__name__.lower()
     out_dir = Path(out) if out else Path.cwd() / "build" / name
-    cfg = _live_config(name, example_inputs, config)
+    cfg = _live_config(name, example_inputs, config, _source_root(model))
     # Note: the module is compiled in the mode it is in, and left so: kiln does not call eval()
     # for the user (trace warns about training mode; dropout there is refused with a hint).
     options = BuildOptions(target, out_dir, live=LiveModel(model, tuple(example_inputs)))
@@ -59,7 +59,25 @@ def compile(
     return load(result.out) if build.complete else build
 
 
-def _live_config(name: str, inputs: tuple[Any, ...], extra: dict[str, Any]) -> ModelConfig:
+def _source_root(model: Any) -> Path:
+    """The folder of the file that defines the module's class, where that is the user's code:
+    trace names source lines (in errors and its source map) relative to it. Classes from
+    installed packages (torchvision, transformers) are named from their package anyway.
+
+    Note: the project root would hide every line of a user's model outside kiln's checkout."""
+    import inspect
+
+    try:
+        source = inspect.getsourcefile(type(model))
+    except TypeError:
+        return PROJECT_ROOT
+    if source is None or any(p in ("site-packages", "dist-packages") for p in Path(source).parts):
+        return PROJECT_ROOT
+    return Path(source).resolve().parent
+
+
+def _live_config(name: str, inputs: tuple[Any, ...], extra: dict[str, Any],
+                 root: Path = PROJECT_ROOT) -> ModelConfig:
     specs = [
         {"name": f"arg{i}", "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
         for i, t in enumerate(inputs)
@@ -75,7 +93,7 @@ def _live_config(name: str, inputs: tuple[Any, ...], extra: dict[str, Any]) -> M
         "weights.checkpoint": None,
         **extra,
     }
-    return ModelConfig(name, Path(f"<live>/{name}"), PROJECT_ROOT, fields)
+    return ModelConfig(name, Path(f"<live>/{name}"), root, fields)
 
 
 def compile_config(config: ModelConfig, *, target: str | None = None, out: Path | str | None = None,

@@ -52,7 +52,9 @@ def main(control: Path) -> int:
     _die_with_parent()
     job = StageJob.from_json((control / "job.json").read_text())
     if job.project_root not in sys.path:
-        sys.path.insert(0, job.project_root)
+        # Note: after kiln's own packages: an in-memory model's root is the folder of the user's
+        # file, where a cache.py or tasks/ of theirs must not shadow kiln's.
+        sys.path.append(job.project_root)
     try:
         notes = dict(load_entry(job.entry)(job))
         result = {"ok": True, "notes": notes, "peak_rss": peak_rss_self(), "warnings": job.warnings}

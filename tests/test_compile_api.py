@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,24 @@ def test_the_mean_of_nothing_is_nan_in_var_mean_too(tmp_path: Path) -> None:
     compiled = kiln_compile(Moments(), (empty,), target="cpu", out=tmp_path / "b", cache_dir=tmp_path / "c")
     for got, want in zip(compiled(empty), Moments()(empty), strict=True):
         torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_an_error_names_the_line_of_a_model_outside_the_project(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's model file lives anywhere: errors name its lines relative to its folder."""
+    import importlib.util
+
+    source = tmp_path / "my_model.py"
+    source.write_text("import torch\n\n\nclass Picky(torch.nn.Module):\n"
+                      "    def forward(self, x):\n        return torch.nonzero(x > 0)\n")
+    spec = importlib.util.spec_from_file_location("my_model", source)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "my_model", module)  # as an import would
+    spec.loader.exec_module(module)
+    from contract.errors import KilnError
+
+    with pytest.raises(KilnError, match=r"at my_model\.py:6: return torch\.nonzero"):
+        kiln_compile(module.Picky(), (torch.randn(5),), target="cpu", out=tmp_path / "b",
+                     cache_dir=tmp_path / "c")

@@ -163,8 +163,9 @@ def judge(name: str, samples: int, cache: Path, out: Path) -> dict[str, Any]:
             if not torch.allclose(g, w, rtol=RTOL, atol=ATOL, equal_nan=True) and not torch.equal(g, w):
                 worst = float((g.double() - w.double()).abs().nan_to_num(1e30).max()) if g.numel() else 0.0
                 return {"status": "fail", "error": f"sample {index} output {k}: differs by {worst:.3g}"}
-    fallbacks = json.loads((out / "report.json").read_text()).get("fallbacks", {})
-    return {"status": "pass", "samples": len(chosen), "fallbacks": fallbacks}
+    report = json.loads((out / "report.json").read_text())
+    return {"status": "pass", "samples": len(chosen), "fallbacks": report.get("fallbacks", {}),
+            "kernels": len(report.get("kernels", []))}
 
 
 def judged(name: str, samples: int, cache: Path, out: Path) -> dict[str, Any]:
@@ -205,13 +206,18 @@ def summary(results: list[dict[str, Any]]) -> str:
     counts = Counter(r["status"] for r in results)
     judged = counts["pass"] + counts["fail"]
     compiled = sum(1 for r in results if r["status"] == "pass" and not r.get("fallbacks"))
+    # only torch's: fallbacks and not one kiln kernel (a matmul's extern call counts as kiln's)
+    only_torch = sum(1 for r in results
+                     if r["status"] == "pass" and r.get("fallbacks") and not r.get("kernels"))
 
     def share(part: int, whole: int) -> str:
         return f"{100 * part / whole:.1f}%" if whole else "-"
 
     return (f"opinfo: {counts['pass']} of {judged} judged ops pass ({share(counts['pass'], judged)}); "
             f"{compiled} of the {counts['pass']} passing compile to kiln kernels alone, no aten fallback "
-            f"({share(compiled, counts['pass'])}); {counts['unjudged']} not judged, of {len(results)}")
+            f"({share(compiled, counts['pass'])}); {counts['pass'] - only_torch} have kiln kernels, not only "
+            f"fallbacks ({share(counts['pass'] - only_torch, counts['pass'])}); {counts['unjudged']} not "
+            f"judged, of {len(results)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,31 @@ def test_math_ops_torch_has_whole_lower_to_kiln_expressions() -> None:
     compile_fn(torch.fmax, torch.randint(-5, 5, (6,)), torch.randint(-5, 5, (6,)))
 
 
+def test_writing_a_view_scatters_into_a_copy() -> None:
+    x = torch.randn(5, 6, 4)
+    compile_fn(lambda a, s: torch.slice_scatter(a, s, 1, 1, 6, 2), x, torch.randn(5, 3, 4))
+    compile_fn(lambda a, s: torch.slice_scatter(a, s, 0, -3, None), x, torch.randn(3, 6, 4))
+    compile_fn(lambda a, s: torch.slice_scatter(a, s, 1, 7, 9), x, torch.randn(5, 0, 4))
+    compile_fn(lambda a, s: torch.select_scatter(a, s, 2, -1), x, torch.randn(5, 6))
+    compile_fn(lambda a, s: torch.diagonal_scatter(a, s, 1, 0, 1), x, torch.randn(4, 5))
+    compile_fn(lambda a, s: torch.diagonal_scatter(a, s, -2, 1, 2), x, torch.randn(5, 4))
+
+
+def test_unfold_and_unbind_copy_are_views() -> None:
+    x = torch.randn(5, 7, 4)
+    compile_fn(lambda a: (a.unfold(1, 3, 2), a.unfold(0, 2, 1), a.unfold(2, 4, 1),
+                          torch.ops.aten.unbind_copy(a, 1)[2] * 1), x)
+    compile_fn(lambda a: a.unfold(0, 1, 1) * 2, torch.tensor(3.0))
+
+
+def test_addmv_and_addbmm_are_one_matmul_and_a_pointwise() -> None:
+    compile_fn(lambda s, m, v: (torch.addmv(s, m, v, beta=0.5, alpha=2), torch.addmv(s[:1], m, v),
+                                torch.addmv(s, m, v, beta=0)),
+               torch.randn(3), torch.randn(3, 4), torch.randn(4))
+    compile_fn(lambda s, b1, b2: (torch.addbmm(s, b1, b2, beta=2, alpha=0.5), torch.addbmm(s[0], b1, b2)),
+               torch.randn(3, 4), torch.randn(2, 3, 5), torch.randn(2, 5, 4))
+
+
 def test_a_requested_rounding_survives_fusion() -> None:
     compile_fn(lambda a: (a.to(torch.bfloat16).to(torch.float32) * 3).exp(), torch.randn(8, 8))
     compile_fn(lambda a: a.double().float().double() + 1e-12, torch.randn(8))

@@ -7,13 +7,15 @@ view that strides cannot describe is copied first. The scheduler never fuses acr
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Op, binary, cast, const, where
 from tasks.ir.nodes import ExternOp
-from tasks.lower.context import Call, Lower, LoweringError
-from tasks.lower.registry import register
+from tasks.lower.context import Call, Lower, LoweringError, OutMeta
+from tasks.lower.registry import lower_fallback, register
 from tasks.lower.values import TensorValue
+from tasks.lower.views import permute, reshape
 
 
 @register("aten.mm.default")
@@ -87,3 +89,52 @@ def additive_mask(ctx: Lower, mask: TensorValue, dtype: DType, origin: str) -> T
     return ctx.derived(("additive_mask", mask, dtype), lambda: ctx.pointwise(
         mask.shape, dtype, origin,
         lambda loop: where(loop.load(mask, loop.idx), const(0.0, compute), const(-math.inf, compute))))
+
+
+def _scaled_sum(ctx: Lower, call: Call, product: TensorValue) -> TensorValue:
+    """beta * self + alpha * product, in self's broadcast to the output; beta == 0 ignores self
+    (NaNs in it included), as torch does."""
+    beta, alpha, dtype = call["beta"], call["alpha"], call.meta.dtype
+    shape = call.meta.shape
+    base = reshape(product, shape)
+
+    compute = dtype.compute
+
+    def body(loop: Any) -> Any:
+        scaled = binary(Op.MUL, cast(loop.load(base, loop.idx), compute), const(alpha, compute))
+        if beta == 0:
+            return scaled
+        bias = cast(loop.broadcast_load(call.tensor("self")), compute)
+        return binary(Op.ADD, binary(Op.MUL, bias, const(beta, compute)), scaled)
+
+    return ctx.pointwise(shape, dtype, call.origin, body)
+
+
+@register("aten.addmv.default")
+def _addmv(ctx: Lower, call: Call) -> TensorValue:
+    mat, vec = call.tensor("mat"), call.tensor("vec")
+    if not call.meta.dtype.is_float:  # integer matmuls are torch's
+        fallback: TensorValue = lower_fallback(ctx, call)
+        return fallback
+    column = reshape(vec, (vec.shape[0], 1))
+    product = ctx.extern(ExternOp.MM, [mat, column], {}, _product_call(call, (mat.shape[0], 1)))
+    return _scaled_sum(ctx, call, product)
+
+
+@register("aten.addbmm.default")
+def _addbmm(ctx: Lower, call: Call) -> TensorValue:
+    """sum over the batch of batch1 @ batch2 is one matmul: (n, b*m) @ (b*m, p)."""
+    first, second = call.tensor("batch1"), call.tensor("batch2")
+    if not call.meta.dtype.is_float:  # integer matmuls are torch's
+        fallback: TensorValue = lower_fallback(ctx, call)
+        return fallback
+    b, n, m = first.shape
+    p = second.shape[2]
+    rows = reshape(permute(first, [1, 0, 2]), (n, b * m))
+    product = ctx.extern(ExternOp.MM, [rows, reshape(second, (b * m, p))], {}, _product_call(call, (n, p)))
+    return _scaled_sum(ctx, call, product)
+
+
+def _product_call(call: Call, shape: tuple[int, ...]) -> Call:
+    """The call as the matmul inside it sees it: its output's shape, in the output's dtype."""
+    return Call(call.target, call.origin, call.args, OutMeta(shape, call.meta.dtype))

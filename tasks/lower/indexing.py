@@ -261,3 +261,83 @@ def _arange(ctx: Lower, call: Call) -> TensorValue:
         return binary(Op.ADD, binary(Op.MUL, i, const(step, dtype)), const(start, dtype))
 
     return ctx.pointwise(meta.shape, meta.dtype, call.origin, body)
+
+
+# -- writing a view of a tensor: slice_scatter, select_scatter, diagonal_scatter --------------
+# Each is a pointwise over self's shape: where the position lies in the view, src's element
+# there (a masked load: other positions never read src), else self's.
+
+def _view_scatter(ctx: Lower, call: Call,
+                  place: Any) -> TensorValue:  # place(loop) -> (conditions, src index) or None
+    x, src = call.tensor("self"), call.tensor("src")
+    meta = call.meta
+    dtype = meta.dtype.compute
+
+    def body(loop: Loop) -> Expr:
+        base = cast(loop.load(x, loop.idx), dtype)
+        found = place(loop)
+        if found is None:  # the view is empty
+            return base
+        conds, at = found
+        value = cast(loop.load(src, at), dtype)
+        return masked(_and(conds), value, base) if conds else value
+
+    return ctx.pointwise(meta.shape, meta.dtype, call.origin, body)
+
+
+@register("aten.slice_scatter.default")
+def _slice_scatter(ctx: Lower, call: Call) -> TensorValue:
+    x = call.tensor("self")
+    dim = call.args.get("dim", 0) % max(x.ndim, 1)
+    size = x.shape[dim]
+    lo, hi, step = slice(call.args.get("start"), call.args.get("end"), call.args.get("step", 1)).indices(size)
+    length = max(0, (hi - lo + step - 1) // step)
+
+    def place(loop: Loop) -> tuple[list[Expr], tuple[Expr, ...]] | None:
+        if length == 0:
+            return None
+        i = loop.idx[dim]
+        offset = ix.add(i, ix.const(-lo))
+        conds = _in_range(i, lo, lo + (length - 1) * step + 1, size)
+        at = list(loop.idx)
+        if step == 1:
+            at[dim] = offset
+        else:
+            conds.append(binary(Op.EQ, binary(Op.MOD, offset, ix.const(step)), ix.const(0)))
+            at[dim] = binary(Op.FLOORDIV, offset, ix.const(step))
+        return conds, tuple(at)
+
+    return _view_scatter(ctx, call, place)
+
+
+@register("aten.select_scatter.default")
+def _select_scatter(ctx: Lower, call: Call) -> TensorValue:
+    x = call.tensor("self")
+    dim = call["dim"] % max(x.ndim, 1)
+    index = call["index"] % x.shape[dim]
+
+    def place(loop: Loop) -> tuple[list[Expr], tuple[Expr, ...]]:
+        at = (*loop.idx[:dim], *loop.idx[dim + 1:])
+        return [binary(Op.EQ, loop.idx[dim], ix.const(index))], at
+
+    return _view_scatter(ctx, call, place)
+
+
+@register("aten.diagonal_scatter.default")
+def _diagonal_scatter(ctx: Lower, call: Call) -> TensorValue:
+    x = call.tensor("self")
+    offset = call.args.get("offset", 0)
+    d1, d2 = call.args.get("dim1", 0) % x.ndim, call.args.get("dim2", 1) % x.ndim
+    row, col = max(0, -offset), max(0, offset)
+    length = max(0, min(x.shape[d1] - row, x.shape[d2] - col))
+
+    def place(loop: Loop) -> tuple[list[Expr], tuple[Expr, ...]] | None:
+        if length == 0:
+            return None
+        i, j = loop.idx[d1], loop.idx[d2]
+        conds = [binary(Op.EQ, ix.add(j, ix.const(-col)), ix.add(i, ix.const(-row)))]
+        conds += _in_range(i, row, row + length, x.shape[d1])
+        rest = [loop.idx[k] for k in range(x.ndim) if k not in (d1, d2)]
+        return conds, (*rest, ix.add(i, ix.const(-row)))
+
+    return _view_scatter(ctx, call, place)

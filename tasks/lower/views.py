@@ -179,19 +179,36 @@ def _diagonal(ctx: Lower, call: Call) -> TensorValue:
     return x.reindex(shape, tuple(old))
 
 
+@register("aten.unfold.default", "aten.unfold_copy.default")
+def _unfold(ctx: Lower, call: Call) -> TensorValue:
+    """Tensor.unfold(dim, size, step): windows of `size` along dim, `step` apart, as a new last dim."""
+    x = call.tensor("self")
+    dim = _dim(call["dimension"], x.ndim)
+    size, step = call["size"], call["step"]
+    extent = x.shape[dim] if x.ndim else 1
+    count = (extent - size) // step + 1
+    shape = (*x.shape[:dim], count, *x.shape[dim + 1:], size) if x.ndim else (size,)
+    new = _vars(len(shape))
+    if not x.ndim:
+        return x.reindex(shape, ())
+    old = list(new[:x.ndim])
+    old[dim] = ix.add(ix.scale(new[dim], step), new[-1])
+    return x.reindex(shape, tuple(old))
+
+
 @register("aten.split_with_sizes.default", "aten.split.Tensor", "aten.split_with_sizes_copy.default",
-          "aten.unbind.int", "aten.chunk.default")
+          "aten.unbind.int", "aten.unbind_copy.int", "aten.chunk.default", "aten.split_copy.Tensor")
 def _split(ctx: Lower, call: Call) -> tuple[TensorValue, ...]:
     x = call.tensor("self")
     dim = _dim(call["dim"], x.ndim)
     size = x.shape[dim]
     name = call.target.split(".")[1]
-    if name == "unbind":
+    if name in ("unbind", "unbind_copy"):
         return tuple(_select_value(x, dim, i) for i in range(size))
     if name in ("split_with_sizes", "split_with_sizes_copy"):
         sizes = list(call["split_sizes"])
     else:
-        step = call["split_size"] if name == "split" else -(-size // call["chunks"])
+        step = call["split_size"] if name in ("split", "split_copy") else -(-size // call["chunks"])
         sizes = [min(step, size - s) for s in range(0, size, step)] or [0]
     out, start = [], 0
     for s in sizes:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tasks.ir.dtypes import DType
 from tasks.ir.interpret import run_graph
@@ -70,6 +71,19 @@ def test_addmv_and_addbmm_are_one_matmul_and_a_pointwise() -> None:
                torch.randn(3), torch.randn(3, 4), torch.randn(4))
     compile_fn(lambda s, b1, b2: (torch.addbmm(s, b1, b2, beta=2, alpha=0.5), torch.addbmm(s[0], b1, b2)),
                torch.randn(3, 4), torch.randn(2, 3, 5), torch.randn(2, 5, 4))
+
+
+def test_batch_norm_in_training_mode_uses_and_moves_the_batch_statistics() -> None:
+    x = torch.randn(4, 3, 5, 5)
+    rm, rv, w, b = torch.randn(3), torch.rand(3) + 0.5, torch.randn(3), torch.randn(3)
+
+    def step(x: torch.Tensor, rm: torch.Tensor, rv: torch.Tensor, w: torch.Tensor,
+             b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        rm, rv = rm.clone(), rv.clone()
+        return F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.3), rm, rv
+
+    compile_fn(step, x, rm, rv, w, b)
+    compile_fn(lambda a: (F.instance_norm(a), F.batch_norm(a, None, None, training=True)), x)
 
 
 def test_a_requested_rounding_survives_fusion() -> None:

@@ -70,4 +70,3 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     n = max(len(a), len(b))
     a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
     return tuple(max(x, y) if min(x, y) != 0 else 0 for x, y in zip(a, b, strict=True))
-

@@ -16,7 +16,7 @@ from tasks.ir import index as ix
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr, Op, binary, cast, const, unary, where
 from tasks.ir.nodes import ReduceOp
-from tasks.lower.context import Call, Lower, LoweringError
+from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.registry import register
 from tasks.lower.values import Loop, TensorValue
 from tasks.lower.views import reshape
@@ -313,6 +313,56 @@ def _batch_norm_saved(ctx: Lower, call: Call, mean: TensorValue, var: TensorValu
                                 lambda a: unary(Op.RSQRT, binary(Op.ADD, a[0], const(eps, a[0].dtype))))
         saved.append(stat)
     return saved
+
+
+# -- batch norm in training mode: the batch's statistics, and the running ones updated --------
+
+@register("aten._native_batch_norm_legit_functional.default", "aten._native_batch_norm_legit.no_stats",
+          "aten._batch_norm_with_update_functional.default")
+def _batch_norm_training(ctx: Lower, call: Call) -> tuple[TensorValue, ...]:
+    """out, the batch's mean and 1/sqrt(var + eps) per channel, then (where the op has running
+    stats) anything between and the running mean and variance moved toward the batch's by
+    momentum, the variance unbiased, as torch's kernels compute them."""
+    x, weight, bias, eps = call.tensor("input"), call["weight"], call["bias"], call["eps"]
+    running = call.args.get("running_mean"), call.args.get("running_var")
+    metas = call.out if isinstance(call.out, tuple) else ()
+    if call.args.get("training", True) is False:  # the running stats, left as they are
+        kept = [call.tensor("running_mean"), call.tensor("running_var")] if len(metas) == 5 else []
+        return (*_batch_norm(ctx, call), *kept)
+    dims = [d for d in range(x.ndim) if d != 1]
+    mean, m2 = reduce_dims(ctx, x, dims, ReduceOp.WELFORD, call.origin)
+    count = _count(x, dims)
+    rstd = pointwise_of(ctx, m2.shape, m2.dtype, call.origin, [m2], lambda a: _rstd(a[0], count, eps))
+    channel = (x.shape[1],) + (1,) * (x.ndim - 2)
+    per_channel = [reshape(v, channel) for v in (mean, rstd, *_present(weight, bias))]
+    out = pointwise_of(ctx, x.shape, x.dtype, call.origin, [x, *per_channel],
+                       lambda a: _affine([binary(Op.MUL, binary(Op.SUB, a[0], a[1]), a[2]), *a[3:]],
+                                         weight is not None, bias is not None))
+    stat = metas[1].dtype if len(metas) > 1 and metas[1] is not None else mean.dtype
+    results = [out, to_dtype(ctx, mean, stat, call.origin), to_dtype(ctx, rstd, stat, call.origin)]
+    if running[0] is None:
+        return tuple(results)
+    for meta in metas[3:-2]:  # _batch_norm_with_update's reserve (empty on CPU and CUDA)
+        assert meta is not None
+        results.append(_zeros_like_meta(ctx, meta, call.origin))
+    momentum = call["momentum"]
+    unbiased = count / (count - 1) if count > 1 else math.inf
+
+    def moved(old: TensorValue, batch: TensorValue, scale: float) -> TensorValue:
+        def body(a: list[Expr]) -> Expr:
+            kept = binary(Op.MUL, cast(a[0], a[1].dtype), const(1 - momentum, a[1].dtype))
+            return binary(Op.ADD, kept, binary(Op.MUL, a[1], const(momentum * scale, a[1].dtype)))
+
+        return pointwise_of(ctx, old.shape, old.dtype, call.origin, [old, batch], body)
+
+    var = pointwise_of(ctx, m2.shape, m2.dtype, call.origin, [m2],
+                       lambda a: binary(Op.TRUEDIV, a[0], const(count, a[0].dtype)))
+    running_mean, running_var = call.tensor("running_mean"), call.tensor("running_var")
+    return (*results, moved(running_mean, mean, 1.0), moved(running_var, var, unbiased))
+
+
+def _zeros_like_meta(ctx: Lower, meta: OutMeta, origin: str) -> TensorValue:
+    return ctx.pointwise(meta.shape, meta.dtype, origin, lambda loop: const(0, meta.dtype))
 
 
 def _empty(ctx: Lower, dtype: DType, origin: str) -> TensorValue:

@@ -86,6 +86,15 @@ def test_batch_norm_in_training_mode_uses_and_moves_the_batch_statistics() -> No
     compile_fn(lambda a: (F.instance_norm(a), F.batch_norm(a, None, None, training=True)), x)
 
 
+def test_bilinear_upsampling_blends_four_neighbours_as_torch_does() -> None:
+    x = torch.randn(2, 3, 5, 7)
+    compile_fn(lambda a: (F.interpolate(a, scale_factor=2, mode="bilinear"),
+                          F.interpolate(a, size=(9, 4), mode="bilinear"),
+                          F.interpolate(a, size=(8, 13), mode="bilinear", align_corners=True),
+                          F.interpolate(a, scale_factor=1.7, mode="bilinear"),
+                          F.interpolate(a, size=(1, 1), mode="bilinear", align_corners=True)), x)
+
+
 def test_a_requested_rounding_survives_fusion() -> None:
     compile_fn(lambda a: (a.to(torch.bfloat16).to(torch.float32) * 3).exp(), torch.randn(8, 8))
     compile_fn(lambda a: a.double().float().double() + 1e-12, torch.randn(8))

@@ -357,3 +357,65 @@ def _nearest_table(size: int, out: int, scale: float | None) -> list[int]:
     ratio = torch.tensor(_fp32_scale(size, out, scale), dtype=torch.float32)
     positions = (torch.arange(out).to(torch.float32) * ratio).floor().to(torch.int64)
     return [int(p) for p in positions.clamp(max=size - 1).tolist()]
+
+
+# -- bilinear upsampling ---------------------------------------------------------------------
+
+@register("aten.upsample_bilinear2d.vec", "aten.upsample_bilinear2d.default")
+def _upsample_bilinear2d(ctx: Lower, call: Call) -> TensorValue:
+    """Each output the blend of its four nearest inputs, as torch's kernel computes it in fp32:
+    source = (o + 0.5) * scale - 0.5, clamped at 0 (or o * (in - 1) / (out - 1) with
+    align_corners), its floor and the next index, weighted by the fraction."""
+    x = call.tensor("input" if "input" in call.args else "self")
+    out_hw = _out_hw(call)
+    if call.target.endswith(".vec"):
+        factors = call["scale_factors"]
+        scales: list[float | None] = list(factors) if factors else [None, None]
+    else:
+        scales = [call.args.get("scales_h"), call.args.get("scales_w")]
+    corners = bool(call["align_corners"])
+    acc = x.dtype.compute
+    axes = [_bilinear_axis(x.shape[-2 + k], out_hw[k], scales[k], corners, acc) for k in range(2)]
+
+    def body(loop: Loop) -> Expr:
+        *batch, oh, ow = loop.idx
+        (h0, h1, lh), (w0, w1, lw) = axes[0](oh), axes[1](ow)
+
+        def at(h: Expr, w: Expr) -> Expr:
+            return cast(loop.load(x, (*batch, h, w)), acc)
+
+        top = _lerp(at(h0, w0), at(h0, w1), lw)
+        bottom = _lerp(at(h1, w0), at(h1, w1), lw)
+        return _lerp(top, bottom, lh)
+
+    return ctx.pointwise(call.meta.shape, call.meta.dtype, call.origin, body)
+
+
+def _lerp(a: Expr, b: Expr, t: Expr) -> Expr:
+    """a * (1 - t) + b * t, as torch's bilinear kernel weighs its two neighbours."""
+    one = const(1.0, t.dtype)
+    return binary(Op.ADD, binary(Op.MUL, a, binary(Op.SUB, one, t)), binary(Op.MUL, b, t))
+
+
+def _bilinear_axis(size: int, out: int, scale: float | None, corners: bool,
+                   acc: DType) -> Callable[[Expr], tuple[Expr, Expr, Expr]]:
+    """For an output position: the lower and upper input positions and the upper's weight."""
+    if corners:
+        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale is not None and scale > 0 else size / out
+
+    def axis(o: Expr) -> tuple[Expr, Expr, Expr]:
+        position = cast(o, acc)
+        if corners:
+            source = binary(Op.MUL, const(ratio, acc), position)
+        else:
+            centre = binary(Op.ADD, position, const(0.5, acc))
+            source = binary(Op.SUB, binary(Op.MUL, const(ratio, acc), centre), const(0.5, acc))
+            source = binary(Op.MAXIMUM, source, const(0.0, acc))
+        low = binary(Op.MINIMUM, cast(unary(Op.FLOOR, source), DType.I64), ix.const(size - 1))
+        high = binary(Op.MINIMUM, binary(Op.ADD, low, ix.const(1)), ix.const(size - 1))
+        weight = binary(Op.SUB, source, cast(low, acc))
+        return low, high, weight
+
+    return axis

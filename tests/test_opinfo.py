@@ -22,6 +22,7 @@ CI_OPS = (
     "gather", "scatter_add", "index_select", "take_along_dim", "index_put", "nn.functional.embedding",
     "diagonal", "permute", "flip", "nn.functional.pad.reflect", "cat", "nn.functional.conv2d", "matmul",
     "addmm", "nn.functional.max_pool2d", "nn.functional.avg_pool2d", "topk",
+    "nn.functional.interpolate.bilinear",
 )
 # Ops kiln leaves (in part) to torch today: scans, sorts, linalg, some special functions,
 # index_put with accumulate, Scalar-taking ops (histc).
@@ -32,7 +33,6 @@ ALLOWED_FALLBACKS = frozenset((
     "cumsum",
     "index_put",
     "topk",
-    "nn.functional.interpolate.bilinear",
 ))
 
 

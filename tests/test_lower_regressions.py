@@ -95,6 +95,13 @@ def test_bilinear_upsampling_blends_four_neighbours_as_torch_does() -> None:
                           F.interpolate(a, size=(1, 1), mode="bilinear", align_corners=True)), x)
 
 
+def test_scans_are_masked_reductions() -> None:
+    x = torch.randn(3, 6, 5)
+    compile_fn(lambda a: (a.cumsum(1), a.cumprod(-1), a.cumsum(0, dtype=torch.float64), (a > 0).cumsum(2),
+                          torch.tensor(2.0).cumsum(0)), x)
+    compile_fn(lambda m: (m.cumsum(-1) - 1) * m, torch.ones(2, 9, dtype=torch.long))  # OPT's positions
+
+
 def test_a_requested_rounding_survives_fusion() -> None:
     compile_fn(lambda a: (a.to(torch.bfloat16).to(torch.float32) * 3).exp(), torch.randn(8, 8))
     compile_fn(lambda a: a.double().float().double() + 1e-12, torch.randn(8))

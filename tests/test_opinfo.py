@@ -24,13 +24,12 @@ CI_OPS = (
     "addmm", "nn.functional.max_pool2d", "nn.functional.avg_pool2d", "topk",
     "nn.functional.interpolate.bilinear",
 )
-# Ops kiln leaves (in part) to torch today: scans, sorts, linalg, some special functions,
+# Ops kiln leaves (in part) to torch today: sorts, linalg, some special functions,
 # index_put with accumulate, Scalar-taking ops (histc).
 ALLOWED_FALLBACKS = frozenset((
     "special.chebyshev_polynomial_t",
     "histc",
     "linalg.cholesky",
-    "cumsum",
     "index_put",
     "topk",
 ))

@@ -17,7 +17,7 @@ from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr, Op, binary, cast, const, unary, where
 from tasks.ir.nodes import ReduceOp
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
-from tasks.lower.registry import register
+from tasks.lower.registry import lower_fallback, register
 from tasks.lower.values import Loop, TensorValue
 from tasks.lower.views import reshape
 
@@ -400,3 +400,39 @@ def _dropout(ctx: Lower, call: Call) -> Any:
     mask = ctx.pointwise(x.shape, DType.BOOL, call.origin, lambda loop: const(True, DType.BOOL))
     return x, mask
 
+
+
+# -- scans: cumsum and cumprod as masked reductions -------------------------------------------
+
+SCAN_LIMIT = 4096  # longest scanned dim lowered; longer ones are aten fallbacks
+
+
+@register("aten.cumsum.default", "aten.cumprod.default")
+def _scan(ctx: Lower, call: Call) -> TensorValue:
+    """out[.., i, ..] = the sum (product) of x[.., j, ..] for j <= i: a reduction over j with the
+    later elements masked to the identity.
+
+    Note: n^2 work per scanned row, against torch's n, but one fused kernel with no sequential
+    loop: cheap for the lengths models scan (positions from an attention mask), and fallen back
+    to aten beyond SCAN_LIMIT."""
+    x = call.tensor("self")
+    if not x.ndim:
+        return to_dtype(ctx, x, call.meta.dtype, call.origin)
+    dim = call["dim"] % x.ndim
+    n = x.shape[dim]
+    if n > SCAN_LIMIT:
+        fallback: TensorValue = lower_fallback(ctx, call)
+        return fallback
+    product = call.target.startswith("aten.cumprod")
+    op = ReduceOp.PROD if product else ReduceOp.SUM
+    compute = call.meta.dtype.compute
+
+    def body(loop: Loop) -> Expr:
+        j = loop.ridx[0]
+        idx = list(loop.idx)
+        idx[dim] = j
+        element = cast(loop.load(x, tuple(idx)), compute)
+        return where(binary(Op.LE, j, loop.idx[dim]), element, const(1 if product else 0, compute))
+
+    (out,) = ctx.reduction(op, x.shape, (n,), call.origin, body)
+    return to_dtype(ctx, out, call.meta.dtype, call.origin)

@@ -43,7 +43,9 @@ def test_math_ops_torch_has_whole_lower_to_kiln_expressions() -> None:
     nan, inf = math.nan, math.inf
     a = torch.tensor([1.0, -1.0, nan, 0.0, -0.0, 3e30, -inf, 2.5])
     b = torch.tensor([nan, 2.0, 1.0, -0.0, 0.0, 4e30, 1.0, -3.0])
-    compile_fn(lambda x, y: (torch.fmax(x, y), torch.fmin(x, y), torch.hypot(x, y), torch.angle(x)), a, b)
+    compile_fn(lambda x, y: (torch.fmax(x, y), torch.fmin(x, y), torch.hypot(x, y), torch.angle(x),
+                             torch.copysign(x, y), torch.copysign(x, -y), torch.special.erfc(x)), a, b)
+    compile_fn(torch.special.erfc, torch.tensor([3.0, 4.0, 5.0, 9.0, -2.0, 0.0]))  # the tail, not 0
     compile_fn(torch.ldexp, torch.randn(6), torch.randint(-3, 4, (6,)))
     compile_fn(torch.fmax, torch.randint(-5, 5, (6,)), torch.randint(-5, 5, (6,)))
 

@@ -65,7 +65,8 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     "index_put": (lambda x, i: x.index_put((i[:, 0],), torch.ones(5, 33), accumulate=True), (X, IDX)),
     "math": (lambda x: (torch.tanh(x) + torch.expm1(x) * torch.log1p(x.abs()) + torch.atan2(x, x + 1)
                         + torch.round(x * 3) + torch.trunc(x * 3) + torch.erfinv(x.clamp(-0.9, 0.9))
-                        + torch.sign(x) + torch.pow(x.abs(), 1.5) + torch.fmod(x, 0.7)), (X,)),
+                        + torch.sign(x) + torch.pow(x.abs(), 1.5) + torch.fmod(x, 0.7)
+                        + torch.special.erfc(x) + torch.copysign(x, 0.5 - x)), (X,)),
     "scalar": (lambda x: x.sum() * x.mean(), (X,)),
     "zero_dim_reductions": (lambda s: (s.amax(), s.argmax(), s.mean(), (s > 0).any(), s.var()),
                             (torch.tensor(1.5),)),

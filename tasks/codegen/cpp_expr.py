@@ -33,6 +33,7 @@ _UNARY_FN = {
     Op.TAN: "std::tan", Op.ASIN: "std::asin", Op.ACOS: "std::acos", Op.ATAN: "std::atan",
     Op.SINH: "std::sinh", Op.COSH: "std::cosh", Op.TANH: "kiln::tanh", Op.ASINH: "std::asinh",
     Op.ACOSH: "std::acosh", Op.ATANH: "std::atanh", Op.ERF: "kiln::erf", Op.ERFINV: "kiln::erfinv",
+    Op.ERFC: "std::erfc",
     Op.SIGMOID: "kiln::sigmoid", Op.FLOOR: "std::floor", Op.CEIL: "std::ceil",
     Op.ROUND: "kiln::round_even", Op.TRUNC: "std::trunc", Op.SIGN: "kiln::sign",
     Op.ISNAN: "std::isnan", Op.ISINF: "std::isinf",
@@ -43,9 +44,11 @@ _INFIX = {
     Op.LOGICAL_XOR: "!=", Op.EQ: "==", Op.NE: "!=", Op.LT: "<", Op.LE: "<=", Op.GT: ">", Op.GE: ">=",
 }
 _INDEX_OPS = (Op.VAR, Op.ADD, Op.SUB, Op.MUL, Op.FLOORDIV, Op.MOD)
+_LIBM_BINARY = (Op.ATAN2, Op.POW, Op.FMOD, Op.COPYSIGN)  # overloaded, not kiln's templates
 _BINARY_FN = {
     Op.FLOORDIV: "kiln::floordiv", Op.MOD: "kiln::mod", Op.MAXIMUM: "kiln::maximum",
     Op.MINIMUM: "kiln::minimum", Op.ATAN2: "std::atan2", Op.POW: "std::pow", Op.FMOD: "std::fmod",
+    Op.COPYSIGN: "std::copysign",
 }
 
 
@@ -145,7 +148,7 @@ def _math(op: Op, a: list[str], operand: DType) -> str:
         raise ValueError(f"{op.value} on floats reaches codegen; lowering should have rewritten it")
     if op in _BINARY_FN:
         t = CTYPES[operand]
-        return f"{_BINARY_FN[op]}<{t}>({a[0]}, {a[1]})" if op not in (Op.ATAN2, Op.POW, Op.FMOD) \
+        return f"{_BINARY_FN[op]}<{t}>({a[0]}, {a[1]})" if op not in _LIBM_BINARY \
             else f"{_BINARY_FN[op]}({a[0]}, {a[1]})"
     raise ValueError(f"no C++ for {op.value}")
 

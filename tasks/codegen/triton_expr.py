@@ -42,10 +42,10 @@ _TL_UNARY = {
 _LIBDEVICE_UNARY = {
     Op.EXPM1: "expm1", Op.LOG10: "log10", Op.LOG1P: "log1p", Op.TAN: "tan", Op.ASIN: "asin",
     Op.ACOS: "acos", Op.ATAN: "atan", Op.SINH: "sinh", Op.COSH: "cosh", Op.TANH: "tanh",
-    Op.ASINH: "asinh", Op.ACOSH: "acosh", Op.ATANH: "atanh", Op.ERFINV: "erfinv",
+    Op.ASINH: "asinh", Op.ACOSH: "acosh", Op.ATANH: "atanh", Op.ERFINV: "erfinv", Op.ERFC: "erfc",
     Op.ROUND: "rint", Op.TRUNC: "trunc",  # rint: halves to even, as torch.round
 }
-_LIBDEVICE_BINARY = {Op.ATAN2: "atan2", Op.POW: "pow", Op.FMOD: "fmod"}
+_LIBDEVICE_BINARY = {Op.ATAN2: "atan2", Op.POW: "pow", Op.FMOD: "fmod", Op.COPYSIGN: "copysign"}
 _INFIX = {
     Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.TRUEDIV: "/", Op.BITWISE_AND: "&", Op.BITWISE_OR: "|",
     Op.BITWISE_XOR: "^", Op.LSHIFT: "<<", Op.RSHIFT: ">>", Op.EQ: "==", Op.NE: "!=", Op.LT: "<",

@@ -633,8 +633,12 @@ def interpreter_libdevice() -> Any:
     def erfinv(x: Any) -> Any:
         return torch.erfinv(torch.from_numpy(np.ascontiguousarray(x))).numpy()
 
+    def erfc(x: Any) -> Any:
+        return torch.erfc(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+
     fns = {"expm1": np.expm1, "log10": np.log10, "log1p": np.log1p, "tan": np.tan, "asin": np.arcsin,
            "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh,
            "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "erfinv": erfinv,
-           "rint": np.rint, "trunc": np.trunc, "atan2": np.arctan2, "pow": np.power, "fmod": np.fmod}
+           "erfc": erfc, "copysign": np.copysign, "rint": np.rint, "trunc": np.trunc,
+           "atan2": np.arctan2, "pow": np.power, "fmod": np.fmod}
     return types.SimpleNamespace(**{name: wrap(fn) for name, fn in fns.items()})

@@ -52,6 +52,7 @@ class Op(enum.Enum):
     ATANH = "atanh"
     ERF = "erf"
     ERFINV = "erfinv"
+    ERFC = "erfc"  # 1 - erf without the cancellation (erfc(9) is 4e-37, not 0)
     SIGMOID = "sigmoid"
     FLOOR = "floor"
     CEIL = "ceil"
@@ -74,6 +75,7 @@ class Op(enum.Enum):
     MAXIMUM = "maximum"  # NaN-propagating, as torch.maximum
     MINIMUM = "minimum"
     ATAN2 = "atan2"
+    COPYSIGN = "copysign"  # |a| with b's sign bit (-0.0 and a negative NaN included)
     BITWISE_AND = "bitwise_and"
     BITWISE_OR = "bitwise_or"
     BITWISE_XOR = "bitwise_xor"
@@ -95,17 +97,18 @@ LEAVES = frozenset({Op.VAR, Op.CONST})
 UNARY = frozenset({
     Op.NEG, Op.ABS, Op.EXP, Op.EXP2, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.SQRT,
     Op.RSQRT, Op.RECIPROCAL, Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.SINH,
-    Op.COSH, Op.TANH, Op.ASINH, Op.ACOSH, Op.ATANH, Op.ERF, Op.ERFINV, Op.SIGMOID, Op.FLOOR,
+    Op.COSH, Op.TANH, Op.ASINH, Op.ACOSH, Op.ATANH, Op.ERF, Op.ERFINV, Op.ERFC, Op.SIGMOID, Op.FLOOR,
     Op.CEIL, Op.ROUND, Op.TRUNC, Op.SIGN, Op.ISNAN, Op.ISINF, Op.LOGICAL_NOT, Op.BITWISE_NOT,
 })
 FLOAT_ONLY = frozenset({
     Op.EXP, Op.EXP2, Op.EXPM1, Op.LOG, Op.LOG2, Op.LOG10, Op.LOG1P, Op.SQRT, Op.RSQRT,
     Op.RECIPROCAL, Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.SINH, Op.COSH,
-    Op.TANH, Op.ASINH, Op.ACOSH, Op.ATANH, Op.ERF, Op.ERFINV, Op.SIGMOID, Op.TRUEDIV, Op.ATAN2,
+    Op.TANH, Op.ASINH, Op.ACOSH, Op.ATANH, Op.ERF, Op.ERFINV, Op.ERFC, Op.SIGMOID, Op.TRUEDIV, Op.ATAN2,
+    Op.COPYSIGN,
 })
 BINARY = frozenset({
     Op.ADD, Op.SUB, Op.MUL, Op.TRUEDIV, Op.FLOORDIV, Op.MOD, Op.FMOD, Op.POW, Op.MAXIMUM,
-    Op.MINIMUM, Op.ATAN2, Op.BITWISE_AND, Op.BITWISE_OR, Op.BITWISE_XOR, Op.LSHIFT, Op.RSHIFT,
+    Op.MINIMUM, Op.ATAN2, Op.COPYSIGN, Op.BITWISE_AND, Op.BITWISE_OR, Op.BITWISE_XOR, Op.LSHIFT, Op.RSHIFT,
     Op.LOGICAL_AND, Op.LOGICAL_OR, Op.LOGICAL_XOR,
 })
 COMPARE = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE})

@@ -489,5 +489,8 @@ register("aten.fmin.default")(_binary_with(_nan_skipping(Op.MINIMUM)))
 register("aten.hypot.default")(_float_binary(_hypot))
 register("aten.ldexp.Tensor")(_float_binary(lambda a, b: binary(Op.MUL, a, unary(Op.EXP2, b))))
 register("aten.angle.default")(_activation(lambda x, c: _angle(x)))
-# Note: not erfc as 1 - erf (it cancels to 0 from x = 4 on), nor copysign from comparisons (a
-# NaN's sign bit cannot be read so): both stay aten fallbacks until the IR has ops for them.
+# Note: erfc and copysign are ops of their own, not 1 - erf (it cancels to 0 from x = 4 on) and
+# comparisons (which cannot read a NaN's sign bit).
+register("aten.erfc.default", "aten.special_erfc.default")(_activation(lambda x, c: unary(Op.ERFC, x)))
+register("aten.copysign.Tensor", "aten.copysign.Scalar")(
+    _float_binary(lambda a, b: binary(Op.COPYSIGN, a, b)))

@@ -55,7 +55,10 @@ def _full_name(op: Any) -> str:
 def _find(name: str) -> Any:
     from torch.testing._internal.common_methods_invocations import op_db
 
-    return next(op for op in op_db if _full_name(op) == name)
+    found = next((op for op in op_db if _full_name(op) == name), None)
+    if found is None:
+        raise ValueError(f"{name!r} is no op of op_db (names as `make opinfo` lists them)")
+    return found
 
 
 class Unjudged(Exception):

@@ -104,6 +104,13 @@ def test_scans_are_masked_reductions() -> None:
     compile_fn(lambda m: (m.cumsum(-1) - 1) * m, torch.ones(2, 9, dtype=torch.long))  # OPT's positions
 
 
+def test_logcumsumexp_shifts_each_prefix_by_its_max() -> None:
+    x = torch.randn(3, 6, 5)
+    x[0, 0, 0], x[2, 3, 1] = -math.inf, math.inf
+    x[1, :, 2] = -math.inf
+    compile_fn(lambda a: (torch.logcumsumexp(a, 1), torch.logcumsumexp(a * 30, -1)), x)
+
+
 def test_a_requested_rounding_survives_fusion() -> None:
     compile_fn(lambda a: (a.to(torch.bfloat16).to(torch.float32) * 3).exp(), torch.randn(8, 8))
     compile_fn(lambda a: a.double().float().double() + 1e-12, torch.randn(8))

@@ -436,3 +436,38 @@ def _scan(ctx: Lower, call: Call) -> TensorValue:
 
     (out,) = ctx.reduction(op, x.shape, (n,), call.origin, body)
     return to_dtype(ctx, out, call.meta.dtype, call.origin)
+
+
+@register("aten.logcumsumexp.default")
+def _logcumsumexp(ctx: Lower, call: Call) -> TensorValue:
+    """log of the running sum of exp: each prefix's max, then the shifted sum, as _scan masks."""
+    x = call.tensor("self")
+    if not x.ndim:
+        return to_dtype(ctx, x, call.meta.dtype, call.origin)
+    dim = call["dim"] % x.ndim
+    n = x.shape[dim]
+    if n > SCAN_LIMIT:
+        fallback: TensorValue = lower_fallback(ctx, call)
+        return fallback
+    compute = call.meta.dtype.compute
+
+    def prefix(loop: Loop) -> tuple[Expr, Expr]:
+        idx = list(loop.idx)
+        idx[dim] = loop.ridx[0]
+        return binary(Op.LE, loop.ridx[0], loop.idx[dim]), cast(loop.load(x, tuple(idx)), compute)
+
+    def peak_body(loop: Loop) -> Expr:
+        inside, element = prefix(loop)
+        return where(inside, element, const(-math.inf, compute))
+
+    (peak,) = ctx.reduction(ReduceOp.MAX, x.shape, (n,), call.origin, peak_body)
+    safe = pointwise_of(ctx, peak.shape, peak.dtype, call.origin, [peak], _finite_or_zero)
+
+    def total_body(loop: Loop) -> Expr:
+        inside, element = prefix(loop)
+        shifted = unary(Op.EXP, binary(Op.SUB, element, cast(loop.load(safe, loop.idx), compute)))
+        return where(inside, shifted, const(0.0, compute))
+
+    (total,) = ctx.reduction(ReduceOp.SUM, x.shape, (n,), call.origin, total_body)
+    return pointwise_of(ctx, x.shape, call.meta.dtype, call.origin, [total, safe],
+                        lambda a: binary(Op.ADD, unary(Op.LOG, a[0]), a[1]))

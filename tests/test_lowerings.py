@@ -716,10 +716,48 @@ def _extern_cases() -> list[Case]:
     ]
 
 
+def _breadth_cases() -> list[Case]:
+    """Ops lowered for the OpInfo breadth work: math torch has whole, view writes, scans,
+    training-mode batch norm, bilinear upsampling, addmv and addbmm."""
+    x3, bn = t(5, 6, 4), (t(2, 7, 3, 5), t(7), t(7), t(7), t(7, fill="pos"))
+    return [
+        c("angle.default", "f32-special", t(7, 5, fill="special")),
+        c("copysign.Tensor", "f32-special", t(7, 5), t(7, 5, fill="special")),
+        c("copysign.Scalar", "f32", t(7, 5), -1.5),
+        c("erfc.default", "f32-1023", t(1023)),
+        c("special_erfc.default", "f16", t(7, 5, dt="f16")),
+        c("fmax.default", "f32-special", t(7, 5, fill="special"), t(7, 5)),
+        c("fmin.default", "i64", ints(7, 5), ints(7, 5)),
+        c("hypot.default", "f32", t(7, 5), t(7, 5, lay="t")),
+        c("ldexp.Tensor", "f32-ints", t(7, 5), ints(7, 5)),
+        c("diagonal.default", "f32-offset-dims", x3, 1, 0, 2),
+        c("diagonal_copy.default", "f32-negative", t(4, 5), -1),
+        c("diagonal_scatter.default", "f32", x3, t(4, 5), 1, 0, 1),
+        c("select_scatter.default", "f32-last", x3, t(5, 6), 2, -1),
+        c("slice_scatter.default", "f32-step", x3, t(5, 3, 4), 1, 1, 6, 2),
+        c("split_copy.Tensor", "f32", t(7, 5), 3, 0),
+        c("unbind_copy.int", "f32", t(3, 4), 1),
+        c("unfold.default", "f32", t(5, 7, 4), 1, 3, 2),
+        c("unfold_copy.default", "f32-last", t(5, 7, 4), 2, 4, 1),
+        c("cumsum.default", "f32", t(7, 5), 0),
+        c("cumsum.default", "i64", ints(7, 5), 1),
+        c("cumprod.default", "f32", t(7, 5), 1),
+        c("logcumsumexp.default", "f32-special", t(7, 5, fill="special"), 1),
+        c("_native_batch_norm_legit_functional.default", "f32-train", *bn, True, 0.3, 1e-5),
+        c("_native_batch_norm_legit_functional.default", "f32-eval", *bn, False, 0.3, 1e-5),
+        c("_batch_norm_with_update_functional.default", "f32", *bn, 0.1, 1e-5),
+        c("_native_batch_norm_legit.no_stats", "f32-no-affine", t(4, 7), None, None, True, 0.1, 1e-5),
+        c("upsample_bilinear2d.default", "f32", t(2, 3, 5, 7), [9, 4], False),
+        c("upsample_bilinear2d.vec", "f32-corners", t(2, 3, 5, 7), None, True, [2.0, 1.5]),
+        c("addmv.default", "f32", t(3), t(3, 4), t(4), beta=0.5, alpha=2.0),
+        c("addbmm.default", "f32", t(3, 4), t(2, 3, 5), t(2, 5, 4)),
+    ]
+
+
 CASES = [*_unary_cases(), *_binary_cases(), *_div_pow_cases(), *_select_cases(), *_copy_cases(),
          *_fill_cases(), *_view_cases(), *_no_op_cases(), *_reduction_cases(), *_statistics_cases(),
          *_norm_cases(), *_cat_pad_cases(), *_gather_cases(), *_index_cases(), *_scatter_cases(),
-         *_pool_cases(), *_extern_cases()]
+         *_pool_cases(), *_extern_cases(), *_breadth_cases()]
 # Higher-order ops lower whole subgraphs, so they are tested on exported programs elsewhere.
 EXCLUDED = {"higher_order.cond": "higher-order op: lowers subgraphs, tested through torch.export",
             "higher_order.while_loop": "higher-order op: lowers subgraphs, tested through torch.export",

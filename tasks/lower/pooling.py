@@ -1,14 +1,15 @@
 """Pooling and nearest upsampling: windows as reductions, upsampling as a gather.
 
-A 2-d pool loops i0.. over the batch dims and the output plane, and r0, r1 over the window.
-Window positions outside the input are `masked` loads (max reads -inf there, sum reads 0), so
-no load is out of bounds, and a window that never leaves the input has no mask at all. The
-leading dims (N, C or just C) are batch: the last two are the plane.
+A 2-d pool loops i0.. over the batch dims and the output plane, and r0, r1 over the window (a
+3-d pool: its volume, and r0, r1, r2). Window positions outside the input are `masked` loads
+(max reads -inf there, sum reads 0), so no load is out of bounds, and a window that never
+leaves the input has no mask at all. The leading dims (N, C or just C) are batch: the last
+two (or three) are pooled.
 
-Note: every lowering here follows the CPU kernels in ATen (MaxPoolKernel.cpp,
-AvgPoolKernel.cpp, AdaptiveAvgPoolKernel.cpp, UpSampleKernel.cpp), which CUDA's agree with: a
-window's bounds, the divisor of an average, NaN handling and the float arithmetic of nearest
-indexing are all theirs. Output sizes (ceil_mode included) come from the call's meta, which is
+Note: every lowering here follows the CPU kernels in ATen (MaxPoolKernel.cpp, AvgPoolKernel.cpp,
+AdaptiveAvgPoolKernel.cpp, AdaptiveMaxPoolKernel.cpp, UpSampleKernel.cpp), which CUDA's agree
+with: a window's bounds, the divisor of an average, NaN handling and the float arithmetic of
+nearest indexing are all theirs. Output sizes (ceil_mode included) come from the call's meta, which is
 torch's own shape function.
 """
 
@@ -32,14 +33,14 @@ from tasks.lower.registry import lower_fallback, register
 from tasks.lower.values import Loop, TensorValue
 
 
-def _pair(value: Any, default: Any = None) -> tuple[int, int]:
-    """An int[2] argument: one int, [k] or [kh, kw]; an empty list takes `default`."""
+def _ints(value: Any, n: int, default: Any = None) -> tuple[int, ...]:
+    """An int[n] argument: one int, [k] or [k0, .., kn-1]; an empty list takes `default`."""
     if isinstance(value, int):
-        return value, value
-    items = list(value)
+        return (value,) * n
+    items = [int(v) for v in value]
     if not items:
-        return _pair(default)
-    return (int(items[0]), int(items[-1]))
+        return _ints(default, n)
+    return tuple(items) if len(items) == n else (items[0],) * n
 
 
 def _and(conds: list[Expr]) -> Expr:
@@ -85,6 +86,19 @@ class Sliding:
         i = ix.add(self.start(o), ix.scale(r, self.dilation))
         return i, _inside(i, self.size, ranges)
 
+    def position(self, o: Expr, k: Expr, ranges: ix.Ranges) -> Expr:
+        """The input position of window o's k-th element, or of its first one inside the input
+        where k lands on padding (what torch's index points at when no element beats -inf)."""
+        start = self.start(o)
+        i = ix.add(start, ix.scale(k, self.dilation))
+        if ix.bounds(start, ranges)[0] >= 0:
+            return i
+        d = self.dilation
+        # the first position start + j*d >= 0: j = ceil(-start / d)
+        inside = ix.const(0) if d == 1 else ix.add(
+            start, ix.scale(ix.floordiv(ix.add(ix.scale(start, -1), ix.const(d - 1)), d, ranges), d))
+        return where(binary(Op.LT, i, ix.const(0)), inside, i)
+
 
 @dataclass(frozen=True)
 class Adaptive:
@@ -120,72 +134,102 @@ class Adaptive:
             return i, []
         return i, [binary(Op.LT, i, self.end(o, ranges))]
 
+    def position(self, o: Expr, k: Expr, ranges: ix.Ranges) -> Expr:
+        return ix.add(self.start(o, ranges), k)  # the first element is always inside
+
 
 Axis = Sliding | Adaptive
 Value = Callable[[Expr, Loop], Expr]
 
 
-def _window(ctx: Lower, x: TensorValue, out_hw: tuple[int, int], axes: tuple[Axis, Axis],
+def _window(ctx: Lower, x: TensorValue, out_sizes: tuple[int, ...], axes: tuple[Axis, ...],
             op: ReduceOp, outside: Expr, origin: str, value: Value | None = None) -> TensorValue:
-    """Reduce each window of x's plane (loaded in compute type, `outside` off the input)."""
-    shape = (*x.shape[:-2], *out_hw)
+    """Reduce each window of x's last len(axes) dims (loaded in compute type, `outside` off the
+    input)."""
+    n = len(axes)
+    shape = (*x.shape[:-n], *out_sizes)
 
     def body(loop: Loop) -> Expr:
-        *batch, oh, ow = loop.idx
-        ih, conds_h = axes[0].at(oh, loop.ridx[0], loop.ranges)
-        iw, conds_w = axes[1].at(ow, loop.ridx[1], loop.ranges)
-        element = cast(loop.load(x, (*batch, ih, iw)), x.dtype.compute)
-        conds = conds_h + conds_w
+        positions, conds = [], []
+        for axis, o, r in zip(axes, loop.idx[-n:], loop.ridx, strict=True):
+            i, inside = axis.at(o, r, loop.ranges)
+            positions.append(i)
+            conds += inside
+        element = cast(loop.load(x, (*loop.idx[:-n], *positions)), x.dtype.compute)
         if conds:
             element = masked(_and(conds), element, outside)
         return value(element, loop) if value else element
 
-    (out,) = ctx.reduction(op, shape, (axes[0].kernel, axes[1].kernel), origin, body)
+    (out,) = ctx.reduction(op, shape, tuple(axis.kernel for axis in axes), origin, body)
     return out
 
 
-def _out_hw(call: Call, index: int = 0) -> tuple[int, int]:
+def _out_sizes(call: Call, n: int, index: int = 0) -> tuple[int, ...]:
     metas = call.out if isinstance(call.out, tuple) else (call.meta,)
     meta = metas[index]
     assert meta is not None
-    return meta.shape[-2], meta.shape[-1]
+    return tuple(meta.shape[-n:])
 
 
 # -- max pool --------------------------------------------------------------------------------
 
-def _max_axes(call: Call, x: TensorValue) -> tuple[Sliding, Sliding]:
-    kernel = _pair(call["kernel_size"])
-    stride = _pair(call["stride"], kernel)
-    pad, dilation = _pair(call["padding"]), _pair(call["dilation"])
-    return (Sliding(x.shape[-2], kernel[0], stride[0], pad[0], dilation[0]),
-            Sliding(x.shape[-1], kernel[1], stride[1], pad[1], dilation[1]))
+def _max_axes(call: Call, x: TensorValue, n: int) -> tuple[Sliding, ...]:
+    kernel = _ints(call["kernel_size"], n)
+    stride = _ints(call["stride"], n, kernel)
+    pad, dilation = _ints(call["padding"], n), _ints(call["dilation"], n)
+    return tuple(Sliding(x.shape[k - n], kernel[k], stride[k], pad[k], dilation[k]) for k in range(n))
 
 
 @register("aten.max_pool2d.default")
 def _max_pool2d(ctx: Lower, call: Call) -> TensorValue:
     x = call.tensor("self")
-    axes = _max_axes(call, x)
-    values = _window(ctx, x, _out_hw(call), axes, ReduceOp.MAX, _lowest(x.dtype.compute), call.origin)
+    axes = _max_axes(call, x, 2)
+    values = _window(ctx, x, _out_sizes(call, 2), axes, ReduceOp.MAX, _lowest(x.dtype.compute), call.origin)
     return to_dtype(ctx, values, x.dtype, call.origin)
 
 
 @register("aten.max_pool2d_with_indices.default")
 def _max_pool2d_with_indices(ctx: Lower, call: Call) -> tuple[TensorValue, TensorValue]:
     x = call.tensor("self")
-    axes = _max_axes(call, x)
-    out_hw, lowest = _out_hw(call), _lowest(x.dtype.compute)
-    values = _window(ctx, x, out_hw, axes, ReduceOp.MAX, lowest, call.origin)
-    first = _window(ctx, x, out_hw, axes, ReduceOp.ARGMAX, lowest, call.origin)
+    return _max_with_indices(ctx, call, x, _max_axes(call, x, 2))
+
+
+@register("aten.max_pool3d_with_indices.default")
+def _max_pool3d_with_indices(ctx: Lower, call: Call) -> tuple[TensorValue, TensorValue]:
+    x = call.tensor("self")
+    return _max_with_indices(ctx, call, x, _max_axes(call, x, 3))
+
+
+@register("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool3d.default")
+def _adaptive_max_pool(ctx: Lower, call: Call) -> tuple[TensorValue, TensorValue]:
+    x = call.tensor("self")
+    n = 3 if "3d" in call.target else 2
+    if not x.dtype.is_float:
+        fallback: tuple[TensorValue, TensorValue] = lower_fallback(ctx, call)
+        return fallback
+    out = _out_sizes(call, n)
+    return _max_with_indices(ctx, call, x, tuple(Adaptive(x.shape[k - n], out[k]) for k in range(n)))
+
+
+def _max_with_indices(ctx: Lower, call: Call, x: TensorValue,
+                      axes: tuple[Axis, ...]) -> tuple[TensorValue, TensorValue]:
+    """Each window's maximum, and the flat input position (over the pooled dims) it came from."""
+    out, lowest = _out_sizes(call, len(axes)), _lowest(x.dtype.compute)
+    values = _window(ctx, x, out, axes, ReduceOp.MAX, lowest, call.origin)
+    first = _window(ctx, x, out, axes, ReduceOp.ARGMAX, lowest, call.origin)
     last_nan = None
     if x.dtype.is_float:
-        last_nan = _window(ctx, x, out_hw, axes, ReduceOp.MAX, lowest, call.origin,
+        last_nan = _window(ctx, x, out, axes, ReduceOp.MAX, lowest, call.origin,
                            lambda e, loop: where(unary(Op.ISNAN, e), _flat_r(loop, axes), ix.const(-1)))
-    indices = _input_index(ctx, first, last_nan, axes, x.shape[-1], call.origin)
+    indices = _input_index(ctx, first, last_nan, axes, x.shape[-len(axes):], call.origin)
     return to_dtype(ctx, values, x.dtype, call.origin), indices
 
 
-def _flat_r(loop: Loop, axes: tuple[Sliding, Sliding]) -> Expr:
-    return ix.add(ix.scale(loop.ridx[0], axes[1].kernel), loop.ridx[1])
+def _flat_r(loop: Loop, axes: tuple[Axis, ...]) -> Expr:
+    flat = loop.ridx[0]
+    for axis, r in zip(axes[1:], loop.ridx[1:], strict=True):
+        flat = ix.add(ix.scale(flat, axis.kernel), r)
+    return flat
 
 
 # Note: torch keeps the first maximum of a window (a strict >), but a NaN always replaces the
@@ -193,63 +237,56 @@ def _flat_r(loop: Loop, axes: tuple[Sliding, Sliding]) -> Expr:
 # maximum (NaN counting as the largest), so a second reduction finds the last NaN, if any.
 # ARGMAX can also land on a padding position when every element of the window is the
 # lowest value (all -inf): torch then points at the window's first position inside the
-# input, and so does the fix-up in `_window_position`.
+# input, and so does the fix-up in `Sliding.position`. Adaptive max pools (2-d and 3-d) and
+# 3-d max pools choose their element the same way in ATen.
 
 def _input_index(ctx: Lower, first: TensorValue, last_nan: TensorValue | None,
-                 axes: tuple[Sliding, Sliding], width: int, origin: str) -> TensorValue:
-    """The flat h*W + w input position of each window's chosen element."""
+                 axes: tuple[Axis, ...], sizes: tuple[int, ...], origin: str) -> TensorValue:
+    """The flat (d*H + h)*W + w input position of each window's chosen element."""
+    n = len(axes)
+
     def body(loop: Loop) -> Expr:
-        *_, oh, ow = loop.idx
         pos = loop.load(first, loop.idx)
         if last_nan is not None:
             nan = loop.load(last_nan, loop.idx)
             pos = where(binary(Op.GE, nan, ix.const(0)), nan, pos)
-        kh = ix.floordiv(pos, axes[1].kernel, loop.ranges)
-        kw = ix.mod(pos, axes[1].kernel, loop.ranges)
-        ih = _window_position(axes[0], oh, kh, loop.ranges)
-        iw = _window_position(axes[1], ow, kw, loop.ranges)
-        return ix.add(ix.scale(ih, width), iw)
+        ks: list[Expr] = []
+        for axis in reversed(axes[1:]):  # the window's flat position, split per axis
+            ks.insert(0, ix.mod(pos, axis.kernel, loop.ranges))
+            pos = ix.floordiv(pos, axis.kernel, loop.ranges)
+        ks.insert(0, pos)
+        flat: Expr = ix.const(0)
+        for axis, o, k, size in zip(axes, loop.idx[-n:], ks, sizes, strict=True):
+            flat = ix.add(ix.scale(flat, size), axis.position(o, k, loop.ranges))
+        return flat
 
     return ctx.pointwise(first.shape, DType.I64, origin, body)
 
 
-def _window_position(axis: Sliding, o: Expr, k: Expr, ranges: ix.Ranges) -> Expr:
-    start = axis.start(o)
-    i = ix.add(start, ix.scale(k, axis.dilation))
-    if ix.bounds(start, ranges)[0] >= 0:
-        return i
-    d = axis.dilation
-    # the first position start + j*d >= 0: j = ceil(-start / d)
-    inside = ix.const(0) if d == 1 else ix.add(
-        start, ix.scale(ix.floordiv(ix.add(ix.scale(start, -1), ix.const(d - 1)), d, ranges), d))
-    return where(binary(Op.LT, i, ix.const(0)), inside, i)
-
-
 # -- average pools ---------------------------------------------------------------------------
 
-@register("aten.avg_pool2d.default")
-def _avg_pool2d(ctx: Lower, call: Call) -> TensorValue:
+@register("aten.avg_pool2d.default", "aten.avg_pool3d.default")
+def _avg_pool(ctx: Lower, call: Call) -> TensorValue:
     x = call.tensor("self")
     if not x.dtype.is_float:
         fallback: TensorValue = lower_fallback(ctx, call)
         return fallback  # integer averages truncate; rare enough to leave to aten
-    kernel = _pair(call["kernel_size"])
-    stride, pad = _pair(call["stride"], kernel), _pair(call["padding"])
-    axes = (Sliding(x.shape[-2], kernel[0], stride[0], pad[0]),
-            Sliding(x.shape[-1], kernel[1], stride[1], pad[1]))
-    out_hw = _out_hw(call)
+    n = 3 if "3d" in call.target else 2
+    kernel = _ints(call["kernel_size"], n)
+    stride, pad = _ints(call["stride"], n, kernel), _ints(call["padding"], n)
+    axes = tuple(Sliding(x.shape[k - n], kernel[k], stride[k], pad[k]) for k in range(n))
+    out = _out_sizes(call, n)
     acc = x.dtype.compute
-    total = _window(ctx, x, out_hw, axes, ReduceOp.SUM, const(0, acc), call.origin)
+    total = _window(ctx, x, out, axes, ReduceOp.SUM, const(0, acc), call.origin)
     override, include_pad = call["divisor_override"], bool(call["count_include_pad"])
 
     def body(loop: Loop) -> Expr:
-        *_, oh, ow = loop.idx
         if override is not None:
             divisor = const(override, acc)
         else:
-            count = _product(_avg_count(axes[0], out_hw[0], oh, include_pad),
-                             _avg_count(axes[1], out_hw[1], ow, include_pad))
-            divisor = cast(count, acc)
+            counts = [_avg_count(axis, size, o, include_pad)
+                      for axis, size, o in zip(axes, out, loop.idx[-n:], strict=True)]
+            divisor = cast(reduce(_product, counts), acc)
         return binary(Op.TRUEDIV, loop.load(total, loop.idx), divisor)
 
     return ctx.pointwise(total.shape, call.meta.dtype, call.origin, body)
@@ -282,22 +319,23 @@ def _avg_count(axis: Sliding, out: int, o: Expr, include_pad: bool) -> Expr:
     return ix.add(end, ix.scale(start, -1))
 
 
-@register("aten._adaptive_avg_pool2d.default")
-def _adaptive_avg_pool2d(ctx: Lower, call: Call) -> TensorValue:
+@register("aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool3d.default")
+def _adaptive_avg_pool(ctx: Lower, call: Call) -> TensorValue:
     x = call.tensor("self")
-    out_hw = _out_hw(call)
-    axes = (Adaptive(x.shape[-2], out_hw[0]), Adaptive(x.shape[-1], out_hw[1]))
+    n = 3 if "3d" in call.target else 2
+    out = _out_sizes(call, n)
+    axes = tuple(Adaptive(x.shape[k - n], out[k]) for k in range(n))
     acc = x.dtype.compute
-    total = _window(ctx, x, out_hw, axes, ReduceOp.SUM, const(0, acc), call.origin)
+    total = _window(ctx, x, out, axes, ReduceOp.SUM, const(0, acc), call.origin)
 
     def body(loop: Loop) -> Expr:
-        # as torch: sum / kh / kw, in that order
-        out = loop.load(total, loop.idx)
-        for axis, o in zip(axes, loop.idx[-2:], strict=True):
+        # as torch: sum / kd / kh / kw, in that order
+        value = loop.load(total, loop.idx)
+        for axis, o in zip(axes, loop.idx[-n:], strict=True):
             counts = set(axis.counts)
             count = ix.const(counts.pop()) if len(counts) == 1 else axis.count(o, loop.ranges)
-            out = binary(Op.TRUEDIV, out, cast(count, acc))
-        return out
+            value = binary(Op.TRUEDIV, value, cast(count, acc))
+        return value
 
     return ctx.pointwise(total.shape, call.meta.dtype, call.origin, body)
 
@@ -307,7 +345,7 @@ def _adaptive_avg_pool2d(ctx: Lower, call: Call) -> TensorValue:
 @register("aten.upsample_nearest2d.vec", "aten.upsample_nearest2d.default")
 def _upsample_nearest2d(ctx: Lower, call: Call) -> TensorValue:
     x = call.tensor("input" if "input" in call.args else "self")
-    out_hw = _out_hw(call)
+    out_hw = _out_sizes(call, 2)
     if call.target.endswith(".vec"):
         factors = call["scale_factors"]
         scales: list[float | None] = list(factors) if factors else [None, None]
@@ -367,7 +405,7 @@ def _upsample_bilinear2d(ctx: Lower, call: Call) -> TensorValue:
     source = (o + 0.5) * scale - 0.5, clamped at 0 (or o * (in - 1) / (out - 1) with
     align_corners), its floor and the next index, weighted by the fraction."""
     x = call.tensor("input" if "input" in call.args else "self")
-    out_hw = _out_hw(call)
+    out_hw = _out_sizes(call, 2)
     if call.target.endswith(".vec"):
         factors = call["scale_factors"]
         scales: list[float | None] = list(factors) if factors else [None, None]

@@ -733,6 +733,12 @@ def _breadth_cases() -> list[Case]:
     training-mode batch norm, bilinear upsampling, addmv and addbmm."""
     x3, bn = t(5, 6, 4), (t(2, 7, 3, 5), t(7), t(7), t(7), t(7, fill="pos"))
     return [
+        c("_cdist_forward.default", "f32-p2-batch-broadcast", t(2, 1, 30, 4), t(3, 27, 4), 2.0, None),
+        c("_cdist_forward.default", "f32-p1", t(5, 3), t(4, 3), 1.0, None),
+        c("_cdist_forward.default", "f32-p0-inf", t(5, 3, fill="special"), t(4, 3), 0.0, None),
+        c("_cdist_forward.default", "f32-pinf", t(2, 5, 3), t(2, 4, 3), float("inf"), None),
+        c("_cdist_forward.default", "f32-p1.5-empty-features", t(5, 0), t(4, 0), 1.5, None),
+        c("_cdist_forward.default", "f32-p3", t(5, 3), t(4, 3), 3.0, None),
         c("angle.default", "f32-special", t(7, 5, fill="special")),
         c("copysign.Tensor", "f32-special", t(7, 5), t(7, 5, fill="special")),
         c("copysign.Scalar", "f32", t(7, 5), -1.5),

@@ -208,6 +208,8 @@ def _fill(fill: str, shape: tuple[int, ...], dtype: torch.dtype, g: torch.Genera
         return torch.where(torch.rand(shape, generator=g) < 0.5, -values, values).to(dtype)
     if kind == "halves":
         return (torch.randint(-8, 9, shape, generator=g) / 2).to(dtype)
+    if kind == "sorted":  # halves sorted along the last dim: boundaries, with ties
+        return (torch.randint(-8, 9, shape, generator=g) / 2).sort(dim=-1).values.to(dtype)
     if kind == "tenths":  # 0.1 and its multiples, which fp16 and bf16 round
         return (torch.randint(-10, 11, shape, generator=g) / 10).to(dtype)
     if kind == "special":

@@ -8,5 +8,6 @@ from tasks.lower import (  # noqa: F401  (fill the table)
     pointwise,
     pooling,
     reductions,
+    scans,
     views,
 )

@@ -28,7 +28,7 @@ from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr, Op, binary, cast, const, masked, unary, where
 from tasks.ir.nodes import ReduceOp
 from tasks.lower.context import Call, Lower
-from tasks.lower.reductions import to_dtype
+from tasks.lower.reductions import extreme, to_dtype
 from tasks.lower.registry import lower_fallback, register
 from tasks.lower.values import Loop, TensorValue
 
@@ -60,11 +60,7 @@ def _inside(i: Expr, size: int, ranges: ix.Ranges) -> list[Expr]:
 
 def _lowest(dtype: DType) -> Expr:
     """The value below every element: what max reads outside the input."""
-    if dtype.is_float:
-        return const(float("-inf"), dtype)
-    if dtype is DType.U8:
-        return const(0, dtype)
-    return const(-(1 << (8 * dtype.itemsize - 1)), dtype)
+    return extreme(dtype, top=False)
 
 
 # -- windows ---------------------------------------------------------------------------------

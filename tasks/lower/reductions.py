@@ -17,9 +17,21 @@ from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr, Op, binary, cast, const, unary, where
 from tasks.ir.nodes import ReduceOp
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
-from tasks.lower.registry import lower_fallback, register
+from tasks.lower.registry import register
 from tasks.lower.values import Loop, TensorValue
 from tasks.lower.views import reshape
+
+
+def extreme(dtype: DType, top: bool) -> Expr:
+    """The value above (top) or below every element of dtype: what a masked max or min reads."""
+    if dtype.is_float:
+        return const(math.inf if top else -math.inf, dtype)
+    if dtype is DType.BOOL:
+        return const(top, dtype)
+    if dtype is DType.U8:
+        return const(255 if top else 0, dtype)
+    bits = 8 * dtype.itemsize - 1
+    return const((1 << bits) - 1 if top else -(1 << bits), dtype)
 
 
 def norm_dims(dims: Any, ndim: int) -> list[int]:
@@ -196,7 +208,7 @@ def _logsumexp(ctx: Lower, call: Call) -> TensorValue:
         x = to_dtype(ctx, x, call.meta.dtype, call.origin)
     dims = norm_dims(call["dim"], x.ndim)
     (peak,) = reduce_dims(ctx, x, dims, ReduceOp.MAX, call.origin)
-    safe = pointwise_of(ctx, peak.shape, peak.dtype, call.origin, [peak], _finite_or_zero)
+    safe = pointwise_of(ctx, peak.shape, peak.dtype, call.origin, [peak], finite_or_zero)
     shift = keep(safe, x.shape, dims, True)
     (total,) = reduce_dims(ctx, x, dims, ReduceOp.SUM, call.origin,
                            lambda e, loop: unary(Op.EXP, binary(Op.SUB, e, _at_row(loop, shift, dims))))
@@ -205,7 +217,7 @@ def _logsumexp(ctx: Lower, call: Call) -> TensorValue:
     return keep(out, x.shape, dims, call["keepdim"])
 
 
-def _finite_or_zero(a: list[Expr]) -> Expr:
+def finite_or_zero(a: list[Expr]) -> Expr:
     return where(unary(Op.ISINF, a[0]), const(0.0, a[0].dtype), a[0])
 
 
@@ -399,75 +411,3 @@ def _dropout(ctx: Lower, call: Call) -> Any:
         return x
     mask = ctx.pointwise(x.shape, DType.BOOL, call.origin, lambda loop: const(True, DType.BOOL))
     return x, mask
-
-
-
-# -- scans: cumsum and cumprod as masked reductions -------------------------------------------
-
-SCAN_LIMIT = 4096  # longest scanned dim lowered; longer ones are aten fallbacks
-
-
-@register("aten.cumsum.default", "aten.cumprod.default")
-def _scan(ctx: Lower, call: Call) -> TensorValue:
-    """out[.., i, ..] = the sum (product) of x[.., j, ..] for j <= i: a reduction over j with the
-    later elements masked to the identity.
-
-    Note: n^2 work per scanned row, against torch's n, but one fused kernel with no sequential
-    loop: cheap for the lengths models scan (positions from an attention mask), and fallen back
-    to aten beyond SCAN_LIMIT."""
-    x = call.tensor("self")
-    if not x.ndim:
-        return to_dtype(ctx, x, call.meta.dtype, call.origin)
-    dim = call["dim"] % x.ndim
-    n = x.shape[dim]
-    if n > SCAN_LIMIT:
-        fallback: TensorValue = lower_fallback(ctx, call)
-        return fallback
-    product = call.target.startswith("aten.cumprod")
-    op = ReduceOp.PROD if product else ReduceOp.SUM
-    compute = call.meta.dtype.compute
-
-    def body(loop: Loop) -> Expr:
-        j = loop.ridx[0]
-        idx = list(loop.idx)
-        idx[dim] = j
-        element = cast(loop.load(x, tuple(idx)), compute)
-        return where(binary(Op.LE, j, loop.idx[dim]), element, const(1 if product else 0, compute))
-
-    (out,) = ctx.reduction(op, x.shape, (n,), call.origin, body)
-    return to_dtype(ctx, out, call.meta.dtype, call.origin)
-
-
-@register("aten.logcumsumexp.default")
-def _logcumsumexp(ctx: Lower, call: Call) -> TensorValue:
-    """log of the running sum of exp: each prefix's max, then the shifted sum, as _scan masks."""
-    x = call.tensor("self")
-    if not x.ndim:
-        return to_dtype(ctx, x, call.meta.dtype, call.origin)
-    dim = call["dim"] % x.ndim
-    n = x.shape[dim]
-    if n > SCAN_LIMIT:
-        fallback: TensorValue = lower_fallback(ctx, call)
-        return fallback
-    compute = call.meta.dtype.compute
-
-    def prefix(loop: Loop) -> tuple[Expr, Expr]:
-        idx = list(loop.idx)
-        idx[dim] = loop.ridx[0]
-        return binary(Op.LE, loop.ridx[0], loop.idx[dim]), cast(loop.load(x, tuple(idx)), compute)
-
-    def peak_body(loop: Loop) -> Expr:
-        inside, element = prefix(loop)
-        return where(inside, element, const(-math.inf, compute))
-
-    (peak,) = ctx.reduction(ReduceOp.MAX, x.shape, (n,), call.origin, peak_body)
-    safe = pointwise_of(ctx, peak.shape, peak.dtype, call.origin, [peak], _finite_or_zero)
-
-    def total_body(loop: Loop) -> Expr:
-        inside, element = prefix(loop)
-        shifted = unary(Op.EXP, binary(Op.SUB, element, cast(loop.load(safe, loop.idx), compute)))
-        return where(inside, shifted, const(0.0, compute))
-
-    (total,) = ctx.reduction(ReduceOp.SUM, x.shape, (n,), call.origin, total_body)
-    return pointwise_of(ctx, x.shape, call.meta.dtype, call.origin, [total, safe],
-                        lambda a: binary(Op.ADD, unary(Op.LOG, a[0]), a[1]))

@@ -15,6 +15,7 @@ from tasks.ir import index as ix
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr, Op, binary, cast, const, masked, where
 from tasks.ir.nodes import Scatter
+from tasks.lower.by_index import index_contribution, reduce_by_index, scatter_contribution
 from tasks.lower.context import Call, Lower, LoweringError
 from tasks.lower.registry import lower_fallback, register
 from tasks.lower.values import Loop, TensorValue
@@ -208,8 +209,11 @@ def _scatter(ctx: Lower, call: Call) -> TensorValue:
     reduce_mode = call.args.get("reduce")
     accumulate = call.target == "aten.scatter_add.default" or reduce_mode in ("add", "sum")
     if reduce_mode not in (None, "add", "sum") or not call.args.get("include_self", True):
-        fallback: TensorValue = lower_fallback(ctx, call)
-        return fallback
+        if not x.ndim:
+            fallback: TensorValue = lower_fallback(ctx, call)
+            return fallback
+        return reduce_by_index(ctx, call, x, reduce_mode or "sum", bool(call.args.get("include_self", True)),
+                               scatter_contribution(x, dim, index, src))
 
     def index_of(loop: Loop) -> list[Expr]:
         idx = list(loop.idx)
@@ -223,6 +227,16 @@ def _scatter(ctx: Lower, call: Call) -> TensorValue:
         return const(fill, x.dtype)
 
     return _scatter_into(ctx, call, x, index.shape, index_of, value_of, accumulate)
+
+
+@register("aten.index_reduce.default")
+def _index_reduce(ctx: Lower, call: Call) -> TensorValue:
+    x, index, source = call.tensor("self"), call.tensor("index"), call.tensor("source")
+    if not x.ndim:
+        fallback: TensorValue = lower_fallback(ctx, call)
+        return fallback
+    return reduce_by_index(ctx, call, x, call["reduce"], bool(call["include_self"]),
+                           index_contribution(call["dim"] % x.ndim, index, source))
 
 
 @register("aten.index_put.default", "aten._unsafe_index_put.default")

@@ -1,5 +1,6 @@
 """Reductions by index: scatter_reduce and index_reduce with amax, amin, prod and mean, and any
-mode without include_self, as masked reductions over the scattered elements.
+mode without include_self, as masked reductions over the scattered elements; masked_scatter,
+whose positions are a prefix count of its mask.
 
 out[.., i, ..] reduces every source element whose index along `dim` is i (and whose other
 coordinates are out's), with out's own element joining when include_self holds. A gather of
@@ -13,6 +14,7 @@ that only adds (scatter_add, index_put with accumulate) is kiln's in-place Scatt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
@@ -25,6 +27,7 @@ from tasks.lower.context import Call, Lower
 from tasks.lower.reductions import extreme
 from tasks.lower.registry import lower_fallback
 from tasks.lower.values import Loop, TensorValue
+from tasks.lower.views import reshape
 
 BY_INDEX_LIMIT = 4096
 
@@ -142,3 +145,34 @@ def index_contribution(dim: int, index: TensorValue, source: TensorValue) -> Con
         return loop.load(source, tuple(idx))
 
     return Contribution(lands, value, index.numel)
+
+
+def masked_scatter(ctx: Lower, call: Call) -> TensorValue:
+    """out = self where mask is off; where it is on, source's elements in row-major order: the
+    k-th on position takes source's k-th element (k a prefix count of the mask, as a scan)."""
+    x, mask, source = call.tensor("self"), call.tensor("mask"), call.tensor("source")
+    shape = call.meta.shape
+    n = math.prod(shape)
+    if n > BY_INDEX_LIMIT or x.dtype.is_complex:
+        fallback: TensorValue = lower_fallback(ctx, call)
+        return fallback
+    on = ctx.pointwise(shape, DType.BOOL, call.origin,
+                       lambda loop: cast(loop.broadcast_load(mask), DType.BOOL))
+    full = x if x.shape == shape else ctx.pointwise(shape, x.dtype, call.origin,
+                                                    lambda loop: loop.broadcast_load(x))
+    flat_on, flat_x = reshape(on, (n,)), reshape(full, (n,))
+    flat_source = reshape(source, (source.numel,))
+
+    def rank_body(loop: Loop) -> Expr:
+        before = binary(Op.LE, loop.ridx[0], loop.idx[0])
+        return where(before, cast(loop.load(flat_on, (loop.ridx[0],)), DType.I64), ix.const(0))
+
+    (rank,) = ctx.reduction(ReduceOp.SUM, (n,), (n,), call.origin, rank_body)
+
+    def body(loop: Loop) -> Expr:
+        k = ix.add(loop.load(rank, loop.idx), ix.const(-1))
+        take = binary(Op.LOGICAL_AND, loop.load(flat_on, loop.idx), binary(Op.LT, k, ix.const(source.numel)))
+        taken = masked(take, loop.load(flat_source, (k,)), const(0, source.dtype))
+        return where(take, cast(taken, flat_x.dtype), loop.load(flat_x, loop.idx))
+
+    return reshape(ctx.pointwise((n,), x.dtype, call.origin, body), shape)

@@ -15,7 +15,7 @@ from tasks.ir import index as ix
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr, Op, binary, cast, const, masked, where
 from tasks.ir.nodes import Scatter
-from tasks.lower.by_index import index_contribution, reduce_by_index, scatter_contribution
+from tasks.lower.by_index import index_contribution, masked_scatter, reduce_by_index, scatter_contribution
 from tasks.lower.context import Call, Lower, LoweringError
 from tasks.lower.registry import lower_fallback, register
 from tasks.lower.values import Loop, TensorValue
@@ -227,6 +227,11 @@ def _scatter(ctx: Lower, call: Call) -> TensorValue:
         return const(fill, x.dtype)
 
     return _scatter_into(ctx, call, x, index.shape, index_of, value_of, accumulate)
+
+
+@register("aten.masked_scatter.default")
+def _masked_scatter(ctx: Lower, call: Call) -> TensorValue:
+    return masked_scatter(ctx, call)
 
 
 @register("aten.index_reduce.default")

@@ -54,7 +54,7 @@ def model_factory(config: ModelConfig) -> Any:
 
 def load_checkpoint(module: Any, config: ModelConfig) -> None:
     """The config's weights.checkpoint, loaded into `module` (as trace loads it)."""
-    from tasks.trace.weights import load_checkpoint as load_into
+    from tasks.weights.files import load_checkpoint as load_into
 
     if config.checkpoint is not None:
         load_into(module, config.checkpoint, config.name)

@@ -197,6 +197,8 @@ def _link_unchanged(old: Path, dst: Path, verified: tuple[str, int] | None, dige
 
 def _already_published(out: Path, files: Mapping[str, Source]) -> bool:
     """Whether out holds exactly these files, unchanged (model.json by its stamp alone)."""
+    if not out.is_dir():
+        return False  # a build that publishes no file (--until trace) still gets its folder
     recorded = _read_stamps(out).get("files", {})
     if set(recorded) != set(files):
         return False

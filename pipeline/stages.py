@@ -46,23 +46,26 @@ class Stage:
         return None if self.entry is None else self.entry.format(target=target)
 
 
-TRACE_CONFIG = (
-    "model.factory",
-    "model.kwargs",
-    "model.dtype",
-    "inputs",
-    "weights.seed",
-    "weights.checkpoint",
-)
+TRACE_CONFIG = ("model.factory", "model.kwargs", "model.dtype", "inputs")
+WEIGHTS_CONFIG = ("model.factory", "model.kwargs", "model.dtype", "weights.seed", "weights.checkpoint")
 
 STAGES: tuple[Stage, ...] = (
     Stage(
         "trace",
-        "torch.export the model; write the program (no weights) and the weights file",
+        "torch.export the model built without weights; write the program and the weights' manifest",
         config=TRACE_CONFIG,
         env=("python", "torch", "safetensors"),
         entry="tasks.trace.stage:run",
         keys="tasks.trace.keys",
+    ),
+    Stage(
+        "weights",
+        "the weights file: a checkpoint checked against the manifest, or the seeded init",
+        reads=("trace/weights.json", "trace/constants.safetensors", "trace/sources.json"),
+        config=WEIGHTS_CONFIG,
+        env=("python", "torch", "safetensors"),
+        entry="tasks.weights.stage:run",
+        keys="tasks.weights.keys",
         publish=("weights.safetensors",),
     ),
     Stage(

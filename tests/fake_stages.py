@@ -82,4 +82,4 @@ def consume(job: StageJob) -> Mapping[str, Any]:
 def with_consumer(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
     consumer = Stage("consume", "", reads=("trace/program.json",),
                      entry="tests.fake_stages:consume")
-    return (stages[0], consumer)
+    return (stages[0], stages[1], consumer)  # trace, weights, and the consumer

@@ -39,7 +39,7 @@ def _artifacts(result: BuildResult) -> dict[str, str]:
 def test_trace_is_deterministic_across_processes(project: Path, cache: Cache) -> None:
     first = _compile(project, cache)
     again = _compile(project, cache, force=frozenset({"trace"}))
-    assert _status(again) == {"trace": "ran", "consume": "cutoff"}
+    assert _status(again) == {"trace": "ran", "weights": "cutoff", "consume": "cutoff"}
     assert _artifacts(first) == _artifacts(again)
     program = json.loads(first.entries["trace"].file("program.json").read_text())
     assert "stack_trace" not in json.dumps(program)
@@ -51,7 +51,7 @@ def test_noop_compile_hits_and_depfile_lists_model_source(project: Path, cache: 
     deps = first.entries["trace"].meta["notes"]["depfile"]
     assert "toymodel.py" in deps["files"]
     again = _compile(project, cache)
-    assert _status(again) == {"trace": "hit", "consume": "hit"}
+    assert _status(again) == {"trace": "hit", "weights": "hit", "consume": "hit"}
 
 
 def test_comment_edit_reruns_trace_only(project: Path, cache: Cache) -> None:
@@ -60,7 +60,8 @@ def test_comment_edit_reruns_trace_only(project: Path, cache: Cache) -> None:
     model.write_text(model.read_text().replace("# A comment that tests edit.",
                                                "# An edited comment\n# spanning two lines."))
     result = _compile(project, cache)
-    assert _status(result) == {"trace": "ran", "consume": "cutoff"}
+    # the weights stage's init runs the model's code, so its sources are its key
+    assert _status(result) == {"trace": "ran", "weights": "ran", "consume": "cutoff"}
     assert _artifacts(result)["program.json"] == _artifacts(first)["program.json"]
     source_map = json.loads(result.entries["trace"].file("source_map.json").read_text())
     assert any(line.startswith("toymodel.py:") for line in source_map.values())
@@ -71,7 +72,7 @@ def test_code_edit_changes_the_program(project: Path, cache: Cache) -> None:
     model = project / "toymodel.py"
     model.write_text(model.read_text().replace("torch.relu", "torch.tanh"))
     result = _compile(project, cache)
-    assert _status(result) == {"trace": "ran", "consume": "ran"}
+    assert _status(result) == {"trace": "ran", "weights": "ran", "consume": "ran"}
     assert _artifacts(result)["program.json"] != _artifacts(first)["program.json"]
 
 
@@ -87,7 +88,7 @@ def _checkpoint(path: Path, seed: int) -> None:
         sys.modules.pop("toymodel", None)
 
 
-def test_checkpoint_swap_reruns_trace_only(project: Path, cache: Cache) -> None:
+def test_checkpoint_swap_reruns_the_weights_only(project: Path, cache: Cache) -> None:
     ckpt = project / "ckpt.safetensors"
     _checkpoint(ckpt, seed=1)
     write_config(project, "toy", extra='checkpoint = "../ckpt.safetensors"')
@@ -96,9 +97,14 @@ def test_checkpoint_swap_reruns_trace_only(project: Path, cache: Cache) -> None:
     assert torch.equal(weights["a.weight"], load_file(str(ckpt))["a.weight"])
     _checkpoint(ckpt, seed=2)
     result = _compile(project, cache)
-    assert _status(result) == {"trace": "ran", "consume": "cutoff"}
-    assert _artifacts(result)["program.json"] == _artifacts(first)["program.json"]
-    assert _artifacts(result)["weights.safetensors"] != _artifacts(first)["weights.safetensors"]
+    assert _status(result) == {"trace": "hit", "weights": "ran", "consume": "hit"}
+    assert _weights(result) != _weights(first)
+    assert torch.equal(load_file(str(result.out / "weights.safetensors"))["a.weight"],
+                       load_file(str(ckpt))["a.weight"])
+
+
+def _weights(result: BuildResult) -> str:
+    return result.entries["weights"].artifacts["weights.safetensors"].digest
 
 
 def test_program_loads_back_with_meta_weights(project: Path, cache: Cache) -> None:
@@ -217,7 +223,7 @@ def _unreadable_checkpoints(root: Path) -> dict[str, tuple[Path, str]]:
 @pytest.mark.parametrize("kind", ["random", "object", "truncated", "empty", "safetensors"])
 def test_unreadable_checkpoint_error_is_short(tmp_path: Path, kind: str) -> None:
     from contract.errors import KilnError
-    from tasks.trace.weights import read_checkpoint
+    from tasks.weights.files import read_checkpoint
 
     path, gist = _unreadable_checkpoints(tmp_path)[kind]
     with pytest.raises(KilnError) as raised:
@@ -228,42 +234,6 @@ def test_unreadable_checkpoint_error_is_short(tmp_path: Path, kind: str) -> None
     assert "\n" not in message
     assert len(message) < 200
     assert ".safetensors file or a torch.save'd state_dict" in raised.value.hint
-
-
-def test_weights_written_beside_the_decompositions_end_up_the_programs(tmp_path: Path) -> None:
-    from tasks.trace.weights import WeightsWriter
-
-    first = {"w": torch.ones(3), "b": torch.zeros(2)}
-    path = tmp_path / "w.safetensors"
-    with WeightsWriter(first, path) as writer:
-        writer.expect(dict(first))  # the same tensors: the thread's file stands
-    assert load_file(str(path)).keys() == {"w", "b"}
-    lifted = {**first, "c": torch.full((2,), 7.0)}  # a decomposition lifted a constant
-    with WeightsWriter(first, path) as writer:
-        writer.expect(lifted)
-    assert torch.equal(load_file(str(path))["c"], lifted["c"])
-    with pytest.raises(AttributeError), WeightsWriter({"w": 3}, path):  # type: ignore[dict-item]
-        pass  # the thread's error is raised on the caller's
-
-
-def test_a_trace_writes_its_weights_once(project: Path, cache: Cache,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The thread's file stands when the decomposed program has the weights torch.export gave:
-    a torch whose decompositions copied them would double bert's seconds of writing unseen."""
-    from tasks.trace import weights
-
-    writes: list[str] = []
-    real = weights.write_weights
-
-    def counted(tensors: dict[str, torch.Tensor], path: Path) -> None:
-        writes.append(path.name)
-        real(tensors, path)
-
-    monkeypatch.setattr(weights, "write_weights", counted)
-    monkeypatch.syspath_prepend(str(project))  # in process: the worker would put it there
-    result = _compile(project, cache, in_process=True)
-    assert _status(result)["trace"] == "ran"
-    assert writes == ["weights.safetensors"]
 
 
 def test_model_files_are_named_the_same_wherever_the_environment_sits(tmp_path: Path) -> None:

@@ -35,10 +35,7 @@ def key_parts(ctx: KeyContext) -> Parts | None:
             parts[f"src:{rel}"] = _source_digest(ctx.config.project_root, rel)
         for dist in deps["packages"]:
             parts[f"pkg:{dist}"] = package_version(dist)
-    checkpoint = ctx.config.checkpoint
-    if checkpoint is not None:
-        parts["weights"] = file_digest(checkpoint, ctx.records)[:16]
-    return parts
+    return parts  # no weights: the weights stage reads the checkpoint
 
 
 def remember(ctx: KeyContext, notes: Mapping[str, Any]) -> None:

@@ -1,10 +1,9 @@
-"""Weights in and out: checkpoints loaded with clear mismatch errors, and the weights file
-(safetensors) written beside the program."""
+"""Weights in and out: checkpoints read with clear mismatch errors, and the weights file
+(safetensors, sealed with its own digest) written."""
 
 from __future__ import annotations
 
 import re
-import threading
 from pathlib import Path
 
 import torch
@@ -48,9 +47,20 @@ def _gist(err: Exception) -> str:
     return first if len(first) <= _GIST_CHARS else first[: _GIST_CHARS - 3] + "..."
 
 
+Spec = tuple[tuple[int, ...], torch.dtype]  # a tensor's shape and dtype
+
+
 def load_checkpoint(module: torch.nn.Module, path: Path, model: str) -> None:
-    state = read_checkpoint(path, model)
+    """The checkpoint read into a built module (the eager reference's way)."""
     expected = module.state_dict()
+    state = checked_checkpoint(path, model, {k: (tuple(v.shape), v.dtype) for k, v in expected.items()})
+    module.load_state_dict(state, strict=True)
+
+
+def checked_checkpoint(path: Path, model: str, expected: dict[str, Spec]) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, checked against the model's state (names, shapes, dtypes) and
+    cast to its float dtypes; a clear error naming the tensors that do not match."""
+    state = read_checkpoint(path, model)
     problems = _mismatches(expected, state)
     if problems:
         raise KilnError(
@@ -58,25 +68,36 @@ def load_checkpoint(module: torch.nn.Module, path: Path, model: str) -> None:
             + "\n    ".join(problems),
             "use a checkpoint saved from this architecture, or fix model.kwargs",
         )
-    cast = {k: v.to(expected[k].dtype) for k, v in state.items()}
-    module.load_state_dict(cast, strict=True)
+    return {k: v if v.dtype == expected[k][1] else v.to(expected[k][1]) for k, v in state.items()}
 
 
-def _mismatches(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> list[str]:
+# Note: a float tensor of another width (an fp32 checkpoint for an fp16 model.dtype) is cast, as
+# load_state_dict casts it; any other change of dtype (float for int, int64 for bool) is a
+# checkpoint of another model, and named.
+def _castable(got: torch.dtype, want: torch.dtype) -> bool:
+    return got == want or (got.is_floating_point and want.is_floating_point)
+
+
+def _mismatches(expected: dict[str, Spec], got: dict[str, torch.Tensor]) -> list[str]:
     missing = sorted(set(expected) - set(got))
     unexpected = sorted(set(got) - set(expected))
-    shapes = [
-        f"{k}: checkpoint {tuple(got[k].shape)}, model {tuple(expected[k].shape)}"
-        for k in sorted(set(expected) & set(got))
-        if got[k].shape != expected[k].shape
-    ]
+    both = sorted(set(expected) & set(got))
+    shapes = [f"{k}: checkpoint {tuple(got[k].shape)}, model {expected[k][0]}"
+              for k in both if tuple(got[k].shape) != expected[k][0]]
+    dtypes = [f"{k}: checkpoint {_name(got[k].dtype)}, model {_name(expected[k][1])}"
+              for k in both if not _castable(got[k].dtype, expected[k][1])]
     lines = []
     if missing:
         lines.append(f"missing {len(missing)}: {', '.join(missing[:_SHOW])}")
     if unexpected:
         lines.append(f"unexpected {len(unexpected)}: {', '.join(unexpected[:_SHOW])}")
     lines.extend(f"shape {s}" for s in shapes[:_SHOW])
+    lines.extend(f"dtype {s}" for s in dtypes[:_SHOW])
     return lines
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -114,47 +135,3 @@ def seal_weights(path: Path) -> str:
         f.seek(8 + found.start(1))
         f.write(text.encode())
     return text
-
-
-# Note: writing bert's 508 MB of weights takes seconds, mostly disk; torch.export's weights are
-# final before its decompositions run, so the file is written on a thread meanwhile (file writes
-# release the GIL). The decomposed program's weights are checked against what was written: should
-# a decomposition ever lift a new constant, the file is written again, whole, from those.
-class WeightsWriter:
-    """write_weights(tensors, path) on a thread, for the length of a with block."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
-        self.tensors, self.path = tensors, path
-        self.final: dict[str, torch.Tensor] | None = None
-        self.failed: BaseException | None = None
-        self.thread = threading.Thread(target=self._write, name="write-weights", daemon=True)
-
-    def _write(self) -> None:
-        try:
-            write_weights(self.tensors, self.path)
-        except BaseException as err:  # raised again on the caller's thread
-            self.failed = err
-
-    def expect(self, final: dict[str, torch.Tensor]) -> None:
-        """The weights the file must hold: the program's after every change to it."""
-        self.final = final
-
-    def __enter__(self) -> WeightsWriter:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.thread.join()
-        if exc[0] is not None:
-            return
-        if self.failed is not None:
-            raise self.failed
-        if self.final is not None and not _same_tensors(self.final, self.tensors):
-            write_weights(self.final, self.path)
-
-
-def _same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(
-        a[k] is b[k] or (a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
-                         and a[k].stride() == b[k].stride() and a[k].data_ptr() == b[k].data_ptr())
-        for k in a)

@@ -1,0 +1,193 @@
+"""The weights stage: trace exports a module built without weights, and the weights file is made
+apart, from a checkpoint or the seeded init (issue: the dev loop in seconds)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from contract.config import load_config
+from contract.errors import KilnError
+from pipeline.build import Cache, compile_model
+from pipeline.runner import BuildOptions, BuildResult
+from pipeline.stages import STAGES
+from tests.fake_stages import with_consumer
+
+# Every source a program's tensor can have: parameters (two tied), a persistent int buffer, a
+# non-persistent buffer, a tensor attribute, and a constant the forward makes.
+ODD_MODEL = '''
+import torch
+
+
+class Odd(torch.nn.Module):
+    def __init__(self, width: int, reads_a_value: bool = False) -> None:
+        super().__init__()
+        self.emb = torch.nn.Linear(8, width)
+        self.out = torch.nn.Linear(width, width)
+        self.again = torch.nn.Linear(width, width, bias=False)
+        self.again.weight = self.out.weight
+        self.register_buffer("offset", torch.arange(width, dtype=torch.float32) / width, persistent=False)
+        self.register_buffer("count", torch.tensor(3))
+        self.scale = torch.linspace(0.5, 1.5, width)
+        if reads_a_value:  # an __init__ that reads a tensor's value cannot run on the meta device
+            self.depth = int(torch.rand(()).item() * 0) + 1
+
+    def forward(self, x):
+        h = (self.emb(x) + self.offset) * self.scale + self.count
+        h = self.out(h) + self.again(h)
+        return h + torch.tensor([1.0, -1.0]).repeat(h.shape[-1] // 2)
+
+
+def build(width: int = 6, reads_a_value: bool = False) -> Odd:
+    return Odd(width, reads_a_value)
+'''
+
+CONFIG = """
+[model]
+factory = "oddmodel:build"
+kwargs = {{ width = 6, reads_a_value = {reads} }}
+
+[[inputs]]
+name = "x"
+shape = [4, 8]
+dtype = "float32"
+
+[weights]
+seed = {seed}
+{extra}
+"""
+
+
+@pytest.fixture
+def odd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    root = tmp_path / "proj"
+    (root / "configs").mkdir(parents=True)
+    (root / "oddmodel.py").write_text(ODD_MODEL)
+    monkeypatch.syspath_prepend(str(root))  # in process: the worker would put it there
+    yield _config(root)
+    sys.modules.pop("oddmodel", None)
+
+
+def _config(root: Path, seed: int = 0, extra: str = "", reads: bool = False) -> Path:
+    path = root / "configs" / "odd.toml"
+    path.write_text(CONFIG.format(seed=seed, extra=extra, reads=str(reads).lower()))
+    return path
+
+
+def _compile(config_path: Path, cache: Cache, out: Path, stages: tuple = STAGES) -> BuildResult:  # type: ignore[type-arg]
+    config = load_config(str(config_path))
+    return compile_model(config, BuildOptions("cpu", out, in_process=True), cache, stages=stages)
+
+
+def _eager(root: Path, seed: int, **kwargs: object) -> torch.nn.Module:
+    sys.modules.pop("oddmodel", None)
+    sys.path.insert(0, str(root))
+    try:
+        import oddmodel  # type: ignore[import-not-found]
+
+        torch.manual_seed(seed)
+        return oddmodel.build(**kwargs).eval()  # type: ignore[no-any-return]
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.pop("oddmodel", None)
+
+
+def _status(result: BuildResult) -> dict[str, str]:
+    return {row.stage: row.status for row in result.rows}
+
+
+def test_the_program_is_the_same_with_and_without_weights(odd: Path) -> None:
+    from tasks.trace.export import decompose, export_only, program_json
+    from tasks.trace.fake import build_fake, fake_inputs
+
+    config = {"model.factory": "oddmodel:build", "model.kwargs": {"width": 6}, "model.dtype": "float32"}
+    x = (torch.randn(4, 8),)
+    root = odd.parent.parent
+    real = program_json(decompose(export_only(_eager(root, 0), x, "odd", root), "odd", root))
+    fake, mode = build_fake(config, "odd", root)
+    assert not any(t.device.type == "meta" for t in fake.state_dict().values())
+    without = program_json(decompose(export_only(fake, fake_inputs(mode, x), "odd", root), "odd", root))
+    assert without == real
+
+
+def test_weights_of_every_source_match_eager(odd: Path, cache: Cache, tmp_path: Path) -> None:
+    from kiln import load
+
+    result = _compile(odd, cache, tmp_path / "out")
+    assert "built" not in result.entries["trace"].meta["notes"]  # built without weights
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(load(tmp_path / "out")(x), _eager(odd.parent.parent, 0)(x))
+
+
+def _save_checkpoint(root: Path, seed: int, path: Path) -> dict[str, torch.Tensor]:
+    state = _eager(root, seed).state_dict()
+    torch.save(state, path)
+    return state
+
+
+def test_a_new_checkpoint_runs_the_weights_stage_alone(odd: Path, cache: Cache, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    root = odd.parent.parent
+    stages = with_consumer(STAGES)
+    _compile(odd, cache, tmp_path / "seeded", stages)  # the seeded init's buffers become an item
+    ckpt = root / "ckpt.pt"
+    _config(root, extra='checkpoint = "../ckpt.pt"')
+    for seed in (1, 2):
+        state = _save_checkpoint(root, seed, ckpt)
+        result = _compile(odd, cache, tmp_path / f"ckpt{seed}", stages)
+        assert _status(result) == {"trace": "hit", "weights": "ran", "consume": "hit"}
+        # the init's buffers came from their item: the model was not built
+        assert result.entries["weights"].meta["notes"]["summary"] == "checkpoint ckpt.pt"
+        weights = load_file(str(result.out / "weights.safetensors"))
+        assert torch.equal(weights["emb.weight"], state["emb.weight"])
+        assert torch.equal(weights["offset"], torch.arange(6) / 6)
+
+
+def test_a_checkpoint_that_does_not_match_names_the_tensors(odd: Path, cache: Cache, tmp_path: Path) -> None:
+    root = odd.parent.parent
+    state = _eager(root, 1).state_dict()
+    state["emb.weight"] = torch.zeros(5, 8)
+    state["count"] = torch.tensor(3.0)  # a float where the model has an int
+    del state["out.bias"]
+    torch.save(state, root / "bad.pt")
+    _config(root, extra='checkpoint = "../bad.pt"')
+    with pytest.raises(KilnError) as raised:
+        _compile(odd, cache, tmp_path / "out", with_consumer(STAGES))
+    message = str(raised.value)
+    assert "missing 1: out.bias" in message
+    assert "shape emb.weight: checkpoint (5, 8), model (6, 8)" in message
+    assert "dtype count: checkpoint float32, model int64" in message
+
+
+def test_a_model_that_needs_its_values_to_build_is_built_for_real(odd: Path, cache: Cache,
+                                                                   tmp_path: Path) -> None:
+    from kiln import load
+
+    root = odd.parent.parent
+    _config(root, reads=True)
+    result = _compile(odd, cache, tmp_path / "out")
+    assert result.entries["trace"].meta["notes"]["built"].startswith("for real")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(load(tmp_path / "out")(x), _eager(root, 0, reads_a_value=True)(x))
+
+
+@pytest.mark.parametrize("name", ["bert-small", "gpt2-small"])
+def test_a_transformers_program_is_the_same_with_and_without_weights(name: str) -> None:
+    pytest.importorskip("transformers")
+    from tasks.trace.export import decompose, export_only, program_json
+    from tasks.trace.factory import build_model, example_inputs
+    from tasks.trace.fake import build_fake, fake_inputs
+
+    config = load_config(name)
+    fields = {k: config.job_value(k) for k in ("model.factory", "model.kwargs", "model.dtype", "inputs")}
+    root, x = config.project_root, example_inputs(fields["inputs"], 0)
+    real = program_json(decompose(export_only(build_model(fields, name, root), x, name, root), name, root))
+    fake, mode = build_fake(fields, name, root)
+    assert program_json(decompose(export_only(fake, fake_inputs(mode, x), name, root), name, root)) == real

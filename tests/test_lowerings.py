@@ -646,6 +646,8 @@ def _scatter_cases() -> list[Case]:
         c("masked_scatter.default", "f32", x, b8(7, 5), t(40)),
         c("masked_scatter.default", "i64-bcast-mask", ints(3, 7, 5), b8(7, 1), ints(200)),
         c("masked_scatter.default", "f32-bcast-self", t(5), b8(4, 5), t(30)),
+        c("index_reduce.default", "f32-0d-amax-without-self", t(), 0, idx(1, 1), t(), "amax",
+          include_self=False),
         c("index_reduce.default", "i64-prod", ints(7, 5), 0, idx(7, 4), ints(4, 5), "prod"),
         c("index_reduce.default", "f32-amin-without-self", x, 0, idx(7, 3), t(3, 5), "amin",
           include_self=False),

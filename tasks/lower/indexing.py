@@ -237,9 +237,10 @@ def _masked_scatter(ctx: Lower, call: Call) -> TensorValue:
 @register("aten.index_reduce.default")
 def _index_reduce(ctx: Lower, call: Call) -> TensorValue:
     x, index, source = call.tensor("self"), call.tensor("index"), call.tensor("source")
-    if not x.ndim:
-        fallback: TensorValue = lower_fallback(ctx, call)
-        return fallback
+    if not x.ndim:  # a 0-d tensor indexes as one of shape (1,)
+        out = reduce_by_index(ctx, call, reshape(x, (1,)), call["reduce"], bool(call["include_self"]),
+                              index_contribution(0, reshape(index, (1,)), reshape(source, (1,))))
+        return reshape(out, ())
     return reduce_by_index(ctx, call, x, call["reduce"], bool(call["include_self"]),
                            index_contribution(call["dim"] % x.ndim, index, source))
 

@@ -20,6 +20,7 @@ from kiln.report import print_report
 from pipeline.build import Cache, compile_model, default_cache_root
 from pipeline.codedeps import forget_scans
 from pipeline.explain import explain
+from pipeline.explain import summary as explain_summary
 from pipeline.progress import Display, QuietDisplay
 from pipeline.report import read_report, report_json
 from pipeline.runner import BuildOptions
@@ -120,11 +121,14 @@ def explain_command(
 ) -> int:
     cache = _cache(args)
     options = BuildOptions(target, out)
-    for verdict in explain(config, options, cache.store, cache.records):
+    verdicts = explain(config, options, cache.store, cache.records)
+    for verdict in verdicts:
         style = _RERUN_STYLE.get(verdict.rerun, "white")
         console.print(f"[bold]{verdict.stage:16}[/] [{style}]rerun: {verdict.rerun}[/]")
         for reason in verdict.reasons:
             console.print(f"    {escape(reason)}")
+    if line := explain_summary(verdicts):
+        console.print(escape(line))
     return 0
 
 

@@ -53,6 +53,16 @@ def explain(
     return verdicts
 
 
+def summary(verdicts: list[Verdict]) -> str:
+    """One line for what a compile would do, where the verdicts say it plainly."""
+    rerun = {v.stage for v in verdicts if v.rerun != "no"}
+    if not rerun:
+        return "nothing changed: a compile publishes the cached build"
+    if rerun == {"weights"}:
+        return "weights changed; program unchanged: only the weights file is remade, nothing is relinked"
+    return ""
+
+
 def _judge(runner: Runner, stage: Stage, records: Records) -> Verdict:
     if stage.name in runner.options.force:
         return Verdict(stage.name, "yes", ("--force",))

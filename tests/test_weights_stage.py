@@ -191,3 +191,18 @@ def test_a_transformers_program_is_the_same_with_and_without_weights(name: str) 
     real = program_json(decompose(export_only(build_model(fields, name, root), x, name, root), name, root))
     fake, mode = build_fake(fields, name, root)
     assert program_json(decompose(export_only(fake, fake_inputs(mode, x), name, root), name, root)) == real
+
+
+def test_explain_after_a_checkpoint_swap_says_only_the_weights_change(odd: Path, tmp_path: Path) -> None:
+    from tests.conftest import kiln
+
+    root = odd.parent.parent
+    _config(root, extra='checkpoint = "../ckpt.pt"')
+    _save_checkpoint(root, 1, root / "ckpt.pt")
+    config = str(odd)
+    kiln(["compile", config, "--target", "cpu", "--quiet"], tmp_path / "c")
+    assert "nothing changed" in kiln(["explain", config, "--target", "cpu"], tmp_path / "c").stdout
+    _save_checkpoint(root, 2, root / "ckpt.pt")
+    explained = kiln(["explain", config, "--target", "cpu"], tmp_path / "c").stdout
+    assert "part checkpoint changed" in explained
+    assert "weights changed; program unchanged" in explained

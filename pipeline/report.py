@@ -9,7 +9,7 @@ from typing import Any
 
 from cache.hashing import pretty_json
 from contract.timings import TimingRecord, read_timings
-from pipeline.runner import BuildResult
+from pipeline.runner import BuildResult, StageRow
 
 REPORT = "report.json"
 TRACE = "trace.json"
@@ -21,13 +21,30 @@ def report_json(result: BuildResult) -> dict[str, Any]:
         "target": result.target,
         "seconds": round(result.seconds, 4),
         "stages": [
-            {**row.to_json(), "seconds": round(row.seconds, 4), "start": round(row.start, 4)}
+            {**row.to_json(), "seconds": round(row.seconds, 4), "start": round(row.start, 4),
+             **_parts(result, row)}
             for row in result.rows
         ],
         "warnings": result.warnings,
         "kernels": kernel_rows(result),
         "fallbacks": fallbacks(result),
     }
+
+
+_PART_ORDER = ("construction", "export", "decompositions", "serialization")
+
+
+def _parts(result: BuildResult, row: StageRow) -> dict[str, Any]:
+    """Where a stage that ran spent its seconds, where it says (trace: construction, export,
+    decompositions, serialization); the rest is the interpreter, imports and the worker."""
+    entry = result.entries.get(row.stage)
+    said = entry.meta.get("notes", {}).get("seconds") if entry is not None and row.status == "ran" else None
+    if not isinstance(said, dict) or not said:
+        return {}
+    ordered = sorted(said, key=lambda k: (_PART_ORDER.index(k) if k in _PART_ORDER else len(_PART_ORDER), k))
+    parts = {str(k): round(float(said[k]), 4) for k in ordered}
+    parts["imports, worker"] = round(max(0.0, row.seconds - sum(parts.values())), 4)
+    return {"parts": parts}
 
 
 def fallbacks(result: BuildResult) -> dict[str, int]:

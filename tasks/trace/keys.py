@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cache.hashing import digest_file
+from cache.hashing import digest_file, digest_json
 from cache.records import Records
 from contract.facts import package_version
 from contract.keys import KeyContext, Parts
@@ -19,8 +19,13 @@ from contract.keys import KeyContext, Parts
 DEPFILE = "depfile"
 
 
+# Note: what a trace imports follows from the model's factory and its arguments, not from the
+# config file that names them: a copy of a config with a new checkpoint or seed (as `kiln bench`
+# writes) finds the depfile its original recorded, and its trace is a hit.
 def depfile_id(ctx: KeyContext) -> str:
-    return str(ctx.config.path)
+    what = [str(ctx.config.project_root), ctx.config.job_value("model.factory"),
+            ctx.config.job_value("model.kwargs")]
+    return digest_json(what)
 
 
 def key_parts(ctx: KeyContext) -> Parts | None:

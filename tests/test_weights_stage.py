@@ -206,3 +206,24 @@ def test_explain_after_a_checkpoint_swap_says_only_the_weights_change(odd: Path,
     explained = kiln(["explain", config, "--target", "cpu"], tmp_path / "c").stdout
     assert "part checkpoint changed" in explained
     assert "weights changed; program unchanged" in explained
+
+
+def test_the_weights_file_is_safetensors_that_torch_reads_back(tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from tasks.weights.files import DIGEST_KEY, write_weights
+
+    w = torch.randn(4, 6)
+    tensors = {"a": w, "tied": w, "t": torch.randn(5, 3).t(), "h": torch.randn(3).half(),
+               "b": torch.randn(2, 2).bfloat16(), "zero_d": torch.tensor(3), "empty": torch.zeros(0, 4),
+               "flags": torch.tensor([True, False]), "i8": torch.tensor([1, -2], dtype=torch.int8)}
+    path = tmp_path / "w.safetensors"
+    write_weights(tensors, path)
+    back = load_file(str(path))
+    assert back.keys() == tensors.keys()
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype, name
+        assert torch.equal(back[name], t), name
+    with safe_open(str(path), "pt") as f:
+        assert len(f.metadata()[DIGEST_KEY]) == 32

@@ -23,6 +23,12 @@ SIGNATURE = "signature.json"  # the model's input and output structure, for the 
 PROGRAM = "trace/program.json"
 
 
+def preload(target: str) -> None:
+    """What a warm worker imports ahead (pipeline/warm.py): torch's type promotion, which the
+    lowering asks on its first pointwise op, imports sympy, 0.6 s of bert's lower."""
+    import torch._prims_common  # noqa: F401
+
+
 def run(job: StageJob) -> Mapping[str, Any]:
     program_path = job.input(PROGRAM)
     source_map = _source_map(program_path)

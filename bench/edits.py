@@ -63,8 +63,10 @@ def write_config(config: ModelConfig, folder: Path, name: str, *, kwargs: dict[s
                  checkpoint: Path | None = None, seeded: bool = False) -> Path:
     """A copy of config at folder/configs/NAME.toml with new model kwargs, a new checkpoint, or
     (seeded) the seeded weights instead of its checkpoint. The checkpoint path it keeps is made
-    absolute, since the copy lives elsewhere."""
+    absolute, since the copy lives elsewhere, and so is its project: a user's edit of a config
+    keeps the config's project, so the copy's trace finds its original's depfile."""
     raw = tomllib.loads(config.path.read_text())
+    raw["model"]["project"] = str(config.project_root)  # the copy imports the model as its original does
     if kwargs is not None:
         raw["model"]["kwargs"] = kwargs
     weights = raw.setdefault("weights", {})

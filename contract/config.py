@@ -25,7 +25,7 @@ INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
 DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, "bool")
 DEVICES = ("auto", "cpu", "cuda")
 _SECTIONS = {"description", "model", "inputs", "weights"}
-_MODEL_KEYS = {"factory", "kwargs", "dtype", "device", "requires"}
+_MODEL_KEYS = {"factory", "kwargs", "dtype", "device", "requires", "project"}
 _INPUT_KEYS = {"name", "shape", "dtype", "range"}
 _WEIGHT_KEYS = {"seed", "checkpoint"}
 
@@ -83,8 +83,16 @@ def load_config(model: str) -> ModelConfig:
         raise KilnError(f"{path.name} is not valid TOML: {err}", "fix the file's syntax") from err
     except OSError as err:
         raise KilnError(f"cannot read {path}: {err.strerror}") from err
-    root = path.parent.parent if path.parent.name == "configs" else path.parent
-    return ModelConfig(path.stem, path, root, _validate(raw, path.name))
+    fields = _validate(raw, path.name)
+    project = raw["model"].get("project")
+    if project is not None:
+        if not isinstance(project, str) or not (path.parent / project).is_dir():
+            raise _bad(path.name, f"model.project must name a folder (relative to the config), "
+                                  f"got {project!r}")
+        root = (path.parent / project).resolve()
+    else:
+        root = path.parent.parent if path.parent.name == "configs" else path.parent
+    return ModelConfig(path.stem, path, root, fields)
 
 
 def _validate(raw: dict[str, Any], where: str) -> dict[str, Any]:

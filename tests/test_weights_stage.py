@@ -227,3 +227,16 @@ def test_the_weights_file_is_safetensors_that_torch_reads_back(tmp_path: Path) -
         assert torch.equal(back[name], t), name
     with safe_open(str(path), "pt") as f:
         assert len(f.metadata()[DIGEST_KEY]) == 32
+
+
+def test_a_config_elsewhere_names_its_project(odd: Path, tmp_path: Path) -> None:
+    """A copy of a config kept elsewhere (as `kiln bench` writes its edits) has the project it
+    names, so its model is imported, and its trace keyed, as its original's."""
+    root = odd.parent.parent
+    elsewhere = tmp_path / "elsewhere" / "odd-copy.toml"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text(odd.read_text().replace("[model]", f'[model]\nproject = "{root}"'))
+    assert load_config(str(elsewhere)).project_root == root.resolve()
+    elsewhere.write_text(odd.read_text().replace("[model]", '[model]\nproject = "nowhere"'))
+    with pytest.raises(KilnError, match=r"model\.project must name a folder"):
+        load_config(str(elsewhere))

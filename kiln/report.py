@@ -34,7 +34,7 @@ def report_table(report: dict[str, Any]) -> Table:
             human_bytes(row["peak_rss"]) if shown else "",
             escape(row["note"] or (row["key"][:12] if shown else "")),
         )
-        for part, seconds in row.get("parts", {}).items():
+        for part, seconds in row.get("parts", []):
             table.add_row(f"  {escape(part)}", "", f"{seconds:.2f}", "", "", "")
     table.caption = f"total {report['seconds']:.2f} s"
     return table

@@ -42,9 +42,9 @@ def _parts(result: BuildResult, row: StageRow) -> dict[str, Any]:
     if not isinstance(said, dict) or not said:
         return {}
     ordered = sorted(said, key=lambda k: (_PART_ORDER.index(k) if k in _PART_ORDER else len(_PART_ORDER), k))
-    parts = {str(k): round(float(said[k]), 4) for k in ordered}
-    parts["imports, worker"] = round(max(0.0, row.seconds - sum(parts.values())), 4)
-    return {"parts": parts}
+    parts = [[str(k), round(float(said[k]), 4)] for k in ordered]
+    parts.append(["imports, worker", round(max(0.0, row.seconds - sum(float(said[k]) for k in ordered)), 4)])
+    return {"parts": parts}  # pairs, in order: report.json's keys are sorted
 
 
 def fallbacks(result: BuildResult) -> dict[str, int]:

@@ -240,3 +240,13 @@ def test_a_config_elsewhere_names_its_project(odd: Path, tmp_path: Path) -> None
     elsewhere.write_text(odd.read_text().replace("[model]", '[model]\nproject = "nowhere"'))
     with pytest.raises(KilnError, match=r"model\.project must name a folder"):
         load_config(str(elsewhere))
+
+
+def test_the_report_says_where_trace_spent_its_seconds(odd: Path, cache: Cache, tmp_path: Path) -> None:
+    from pipeline.report import report_json
+
+    result = _compile(odd, cache, tmp_path / "out", with_consumer(STAGES))
+    trace = report_json(result)["stages"][0]
+    names = [name for name, _ in trace["parts"]]
+    assert names == ["construction", "export", "decompositions", "serialization", "imports, worker"]
+    assert sum(seconds for _, seconds in trace["parts"]) == pytest.approx(trace["seconds"], abs=0.01)

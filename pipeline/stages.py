@@ -46,7 +46,9 @@ class Stage:
         return None if self.entry is None else self.entry.format(target=target)
 
 
-TRACE_CONFIG = ("model.factory", "model.kwargs", "model.dtype", "inputs")
+# Note: weights.seed is trace's too: a model built for real (tasks/trace/fake.py says when) can
+# bake a value of its init into the program (float(self.scale) becomes a constant).
+TRACE_CONFIG = ("model.factory", "model.kwargs", "model.dtype", "inputs", "weights.seed")
 WEIGHTS_CONFIG = ("model.factory", "model.kwargs", "model.dtype", "weights.seed", "weights.checkpoint")
 
 STAGES: tuple[Stage, ...] = (

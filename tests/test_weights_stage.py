@@ -23,6 +23,15 @@ ODD_MODEL = '''
 import torch
 
 
+class Shift(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.register_buffer("step", torch.linspace(-1, 1, width), persistent=False)
+
+    def forward(self, x):
+        return x + self.step
+
+
 class Odd(torch.nn.Module):
     def __init__(self, width: int, reads_a_value: bool = False) -> None:
         super().__init__()
@@ -33,12 +42,14 @@ class Odd(torch.nn.Module):
         self.register_buffer("offset", torch.arange(width, dtype=torch.float32) / width, persistent=False)
         self.register_buffer("count", torch.tensor(3))
         self.scale = torch.linspace(0.5, 1.5, width)
+        self.first = Shift(width)
+        self.second = self.first  # one module (and its buffer) under two names
         if reads_a_value:  # an __init__ that reads a tensor's value cannot run on the meta device
             self.depth = int(torch.rand(()).item() * 0) + 1
 
     def forward(self, x):
         h = (self.emb(x) + self.offset) * self.scale + self.count
-        h = self.out(h) + self.again(h)
+        h = self.out(self.first(h)) + self.again(self.second(h))
         return h + torch.tensor([1.0, -1.0]).repeat(h.shape[-1] // 2)
 
 
@@ -104,7 +115,8 @@ def test_the_program_is_the_same_with_and_without_weights(odd: Path) -> None:
     from tasks.trace.export import decompose, export_only, program_json
     from tasks.trace.fake import build_fake, fake_inputs
 
-    config = {"model.factory": "oddmodel:build", "model.kwargs": {"width": 6}, "model.dtype": "float32"}
+    config = {"model.factory": "oddmodel:build", "model.kwargs": {"width": 6}, "model.dtype": "float32",
+              "weights.seed": 0}
     x = (torch.randn(4, 8),)
     root = odd.parent.parent
     real = program_json(decompose(export_only(_eager(root, 0), x, "odd", root), "odd", root))
@@ -147,6 +159,25 @@ def test_a_new_checkpoint_runs_the_weights_stage_alone(odd: Path, cache: Cache, 
         weights = load_file(str(result.out / "weights.safetensors"))
         assert torch.equal(weights["emb.weight"], state["emb.weight"])
         assert torch.equal(weights["offset"], torch.arange(6) / 6)
+        # tied: eager's load_state_dict leaves the last name's values in the one parameter
+        assert torch.equal(weights["out.weight"], state["again.weight"])
+
+
+def test_a_checkpoint_with_tied_names_that_differ_loads_as_eager_does(odd: Path, cache: Cache,
+                                                                       tmp_path: Path) -> None:
+    from kiln import load
+
+    root = odd.parent.parent
+    state = {k: v.clone() for k, v in _eager(root, 1).state_dict().items()}
+    state["out.weight"], state["again.weight"] = torch.zeros(6, 6), torch.randn(6, 6)
+    torch.save(state, root / "ckpt.pt")
+    _config(root, extra='checkpoint = "../ckpt.pt"')
+    _compile(odd, cache, tmp_path / "out")
+    eager = _eager(root, 0)
+    eager.load_state_dict(state)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(load(tmp_path / "out")(x), eager(x))
 
 
 def test_a_checkpoint_that_does_not_match_names_the_tensors(odd: Path, cache: Cache, tmp_path: Path) -> None:
@@ -186,7 +217,8 @@ def test_a_transformers_program_is_the_same_with_and_without_weights(name: str) 
     from tasks.trace.fake import build_fake, fake_inputs
 
     config = load_config(name)
-    fields = {k: config.job_value(k) for k in ("model.factory", "model.kwargs", "model.dtype", "inputs")}
+    fields = {k: config.job_value(k) for k in ("model.factory", "model.kwargs", "model.dtype", "inputs",
+                                               "weights.seed")}
     root, x = config.project_root, example_inputs(fields["inputs"], 0)
     real = program_json(decompose(export_only(build_model(fields, name, root), x, name, root), name, root))
     fake, mode = build_fake(fields, name, root)

@@ -52,7 +52,7 @@ def import_factory(spec: str, model: str) -> Callable[..., Any]:
 
 def build_model(config: dict[str, Any], model: str, project_root: Path) -> torch.nn.Module:
     factory = import_factory(config["model.factory"], model)
-    torch.manual_seed(config.get("weights.seed", 0))  # trace builds without it: no weights
+    torch.manual_seed(config["weights.seed"])
     try:
         module = factory(**config["model.kwargs"])
     except KilnError:

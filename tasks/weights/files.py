@@ -73,11 +73,11 @@ def checked_checkpoint(path: Path, model: str, expected: dict[str, Spec]) -> dic
     return {k: v if v.dtype == expected[k][1] else v.to(expected[k][1]) for k, v in state.items()}
 
 
-# Note: a float tensor of another width (an fp32 checkpoint for an fp16 model.dtype) is cast, as
-# load_state_dict casts it; any other change of dtype (float for int, int64 for bool) is a
-# checkpoint of another model, and named.
+# Note: a tensor of another width of the same kind (an fp32 checkpoint for an fp16 model.dtype,
+# a uint8 mask for a bool buffer) is cast, as load_state_dict casts it; a change of kind (float
+# for int) is a checkpoint of another model, and named.
 def _castable(got: torch.dtype, want: torch.dtype) -> bool:
-    return got == want or (got.is_floating_point and want.is_floating_point)
+    return got == want or got.is_floating_point == want.is_floating_point
 
 
 def _mismatches(expected: dict[str, Spec], got: dict[str, torch.Tensor]) -> list[str]:
@@ -123,6 +123,9 @@ def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
     for name in order:
         t = tensors[name]
         size = t.numel() * t.element_size()
+        if t.dtype not in _SAFETENSORS_DTYPES:
+            raise KilnError(f"tensor {name!r} is {_name(t.dtype)}, which kiln's weights file cannot hold",
+                            f"use one of {', '.join(sorted(_name(d) for d in _SAFETENSORS_DTYPES))}")
         header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
@@ -132,7 +135,7 @@ def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
         f.write(len(text).to_bytes(8, "little"))
         f.write(text)
         for name in order:
-            data = tensors[name].detach().contiguous().reshape(-1).view(torch.uint8)
+            data = tensors[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8)
             f.write(data.numpy().data)
     seal_weights(path)
 

@@ -10,7 +10,7 @@ A tensor of the program comes from one of three places:
   code): its value is known to trace alone, which writes it to constants.safetensors.
 
 The manifest also lists the module's whole state (tied names included), which a checkpoint
-must match by name, shape and dtype.
+must match by name, shape and dtype, and which names of it are one tensor (tied weights).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from cache.hashing import canonical_json
+from contract.errors import KilnError
 
 MANIFEST = "weights.json"
 CONSTANTS = "constants.safetensors"
@@ -47,14 +48,28 @@ def manifest(program_tensors: dict[str, torch.Tensor], module: torch.nn.Module) 
     state = module.state_dict(keep_vars=True)
     tensors = {}
     for name in sorted(program_tensors):
+        found = attribute(module, name)
         if name in state:
             source = "state"
-        elif isinstance(attribute(module, name), torch.Tensor):
+        elif isinstance(found, torch.nn.Parameter):
+            raise KilnError(f"parameter {name!r} is left out of the model's state_dict, so no checkpoint "
+                            "can hold it and kiln cannot tell where its values come from",
+                            "keep every parameter in state_dict (a buffer can be persistent=False)")
+        elif isinstance(found, torch.Tensor):
             source = "init"
         else:
             source = "traced"
         tensors[name] = {**_spec(program_tensors[name]), "from": source}
-    return {"tensors": tensors, "state": {k: _spec(v) for k, v in sorted(state.items())}}
+    return {"tensors": tensors, "state": {k: _spec(v) for k, v in sorted(state.items())},
+            "tied": _tied(state)}
+
+
+def _tied(state: dict[str, torch.Tensor]) -> list[list[str]]:
+    """Names of the state that are one tensor (tied weights), each group in state_dict order."""
+    groups: dict[int, list[str]] = {}
+    for name, t in state.items():
+        groups.setdefault(id(t), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
 
 
 def traced_constants(program_tensors: dict[str, torch.Tensor],

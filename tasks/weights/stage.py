@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from cache.hashing import canonical_json, digest_bytes
 from contract.job import StageJob
@@ -48,11 +48,23 @@ def run(job: StageJob) -> Mapping[str, Any]:
     if names_from(made, "init"):
         init, item, hit = _init_item(job, made, lambda: _seeded_init(job, made))
         items.append(item)
+    state = _as_loaded(state, made)
     sources = {"state": state, "init": init, "traced": traced}
     tensors = {name: sources[entry["from"]][name] for name, entry in made["tensors"].items()}
     write_weights(tensors, job.out_dir / WEIGHTS)
     return {"summary": f"checkpoint {path.name}" + ("" if hit else " (and the seeded init's buffers)"),
             "items": items}
+
+
+# Note: tied weights are one parameter under several names, and load_state_dict copies every
+# name's tensor into it in state_dict order, so eager holds the last one's values: every name
+# of a tied group gets those here too, whatever the checkpoint holds for the others.
+def _as_loaded(state: dict[str, torch.Tensor], made: dict[str, Any]) -> dict[str, torch.Tensor]:
+    loaded = dict(state)
+    for group in made.get("tied", []):
+        for name in group:
+            loaded[name] = state[group[-1]]
+    return loaded
 
 
 def _from_module(module: torch.nn.Module, made: dict[str, Any],
@@ -82,11 +94,11 @@ def _init_item(job: StageJob, made: dict[str, Any],
     parts = {"sources": digest_bytes(job.input("trace/sources.json").read_bytes()),
              "manifest": digest_bytes(canonical_json(made)),
              "config": digest_bytes(canonical_json({k: job.config[k] for k in _INIT_CONFIG})),
-             "code": job.code}
+             "code": job.code, "env": digest_bytes(canonical_json(job.env))}
 
     def compute(folder: Path) -> Mapping[str, Any]:
-        tensors = {name: t.contiguous() for name, t in make().items()}
-        save_file(tensors, str(folder / INIT))
+        tensors = make()
+        write_weights(tensors, folder / INIT)  # one buffer shared by two modules: two names
         return {"tensors": len(tensors)}
 
     entry, hit = job.items().get_or_compute(parts, compute)

@@ -70,6 +70,21 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     "scalar": (lambda x: x.sum() * x.mean(), (X,)),
     "zero_dim_reductions": (lambda s: (s.amax(), s.argmax(), s.mean(), (s > 0).any(), s.var()),
                             (torch.tensor(1.5),)),
+    # the breadth lowerings: windows of three axes, pairwise distances, scans, searches, reductions
+    # by index (masked reductions over the scattered elements), a prefix count
+    "pools_3d": (lambda v: (*F.max_pool3d(v, 2, return_indices=True), F.avg_pool3d(v, 3, 2, 1),
+                            F.adaptive_avg_pool3d(v, (2, 3, 2)), *F.adaptive_max_pool2d(v[0], (3, 4), True)),
+                 (torch.randn(2, 3, 5, 6, 7),)),
+    "cdist": (lambda a, b: (torch.cdist(a, b), torch.cdist(a, b, p=1.0), torch.cdist(a, b, p=float("inf"))),
+              (torch.randn(2, 7, 5), torch.randn(2, 6, 5))),
+    "scans_searches": (lambda x, s: (*torch.cummax(NAN_X, 1), torch.cummin(x, 0)[1], torch.cumsum(x, 1),
+                                     torch.bucketize(x, s), torch.searchsorted(s, x, right=True)),
+                       (X, torch.linspace(-2, 2, 9))),
+    "by_index": (lambda x, i: (x[:5, :3].scatter_reduce(0, i, x[:5, :3] * 2, "amax"),
+                               x[:5, :3].scatter_reduce(0, i, x[:5, :3], "prod", include_self=False),
+                               x[:5, :3].scatter_reduce(0, i, x[:5, :3], "mean"),
+                               x.index_reduce(0, i[:, 0], x[:5] * 3, "amin", include_self=False),
+                               x.masked_scatter(x > 0, x.flip(0) * 2)), (X, IDX % 5)),
 }
 GOLDEN = Path(__file__).parent / "golden" / "triton"
 CANONICAL = ["layer_norm", "softmax", "bias_gelu", "transpose_add"]

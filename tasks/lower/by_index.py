@@ -171,7 +171,10 @@ def masked_scatter(ctx: Lower, call: Call) -> TensorValue:
 
     def body(loop: Loop) -> Expr:
         k = ix.add(loop.load(rank, loop.idx), ix.const(-1))
-        take = binary(Op.LOGICAL_AND, loop.load(flat_on, loop.idx), binary(Op.LT, k, ix.const(source.numel)))
+        # an on position's count is >= 1, but the guard says so too: no load can leave source
+        inside = binary(Op.LOGICAL_AND, binary(Op.GE, k, ix.const(0)),
+                        binary(Op.LT, k, ix.const(source.numel)))
+        take = binary(Op.LOGICAL_AND, loop.load(flat_on, loop.idx), inside)
         taken = masked(take, loop.load(flat_source, (k,)), const(0, source.dtype))
         return where(take, cast(taken, flat_x.dtype), loop.load(flat_x, loop.idx))
 

@@ -196,13 +196,16 @@ def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, o
     found = {"status": status, "relative_error": relative, "outputs": len(pairs)}
     if latency:
         with torch.no_grad():
-            found |= {"kiln_ms": milliseconds(lambda: compiled(*inputs), device),
-                      "eager_ms": milliseconds(lambda: module(*inputs), device)}
+            found |= milliseconds({"kiln": lambda: compiled(*inputs), "eager": lambda: module(*inputs)},
+                                  device)
     return found
 
 
-def milliseconds(call: Callable[[], Any], device: str, runs: int = 20) -> float:
-    """The median time of one call, after warm-up; a GPU is synchronized around each call."""
+def milliseconds(calls: dict[str, Callable[[], Any]], device: str, runs: int = 20) -> dict[str, float]:
+    """The median time of one call of each, after warm-up; a GPU is synchronized around each call.
+
+    Note: the calls take turns, run by run, so a load that comes and goes (other models compiling
+    on the same machine) weighs on each alike and their ratio stays fair."""
     import statistics
 
     import torch
@@ -211,16 +214,18 @@ def milliseconds(call: Callable[[], Any], device: str, runs: int = 20) -> float:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(3):
-        call()
-    times = []
+    for call in calls.values():
+        for _ in range(3):
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(runs):
-        sync()
-        started = time.perf_counter()
-        call()
-        sync()
-        times.append(time.perf_counter() - started)
-    return round(1000 * statistics.median(times), 3)
+        for name, call in calls.items():
+            sync()
+            started = time.perf_counter()
+            call()
+            sync()
+            times[name].append(time.perf_counter() - started)
+    return {f"{name}_ms": round(1000 * statistics.median(t), 3) for name, t in times.items()}
 
 
 def _child(args: argparse.Namespace) -> int:

@@ -182,9 +182,11 @@ def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, o
     with torch.no_grad():
         want = module(*inputs)
     compiled = kiln.compile(module, inputs, target=target, out=out, cache_dir=cache)
+    profile = compile_profile(out)
     got = compiled(*inputs)
     if type(got) is not type(want):
-        return {"status": "mismatch", "error": f"returns {type(got).__name__}, eager {type(want).__name__}"}
+        return {"status": "mismatch", "error": f"returns {type(got).__name__}, eager {type(want).__name__}"} \
+            | profile
     pairs = list(zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=False))
     worst, scale = 0.0, 1.0
     for a, b in pairs:
@@ -193,12 +195,25 @@ def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, o
             scale = max(scale, float(b.double().abs().max()))
     relative = worst / scale
     status = "ok" if relative <= TOLERANCE[dtype_name] else "mismatch"
-    found = {"status": status, "relative_error": relative, "outputs": len(pairs)}
+    found = {"status": status, "relative_error": relative, "outputs": len(pairs)} | profile
     if latency:
         with torch.no_grad():
             found |= milliseconds({"kiln": lambda: compiled(*inputs), "eager": lambda: module(*inputs)},
                                   device)
     return found
+
+
+def compile_profile(out: Path) -> dict[str, Any]:
+    """From the build's report.json: the compile's seconds, each stage's, and its kernel and
+    fallback counts (where a model's compile time goes, for the table)."""
+    try:
+        report_data = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"compile_s": round(float(report_data["seconds"]), 1),
+            "stages_s": {row["stage"]: round(float(row["seconds"]), 1) for row in report_data["stages"]},
+            "kernels": len(report_data.get("kernels", [])),
+            "fallback_calls": sum(report_data.get("fallbacks", {}).values())}
 
 
 def milliseconds(calls: dict[str, Callable[[], Any]], device: str, runs: int = 20) -> dict[str, float]:
@@ -258,10 +273,11 @@ def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def table(results: list[dict[str, Any]]) -> str:
     """A markdown table: model, status, error relative to eager, kiln's and eager's latency."""
-    rows = ["| model | status | max error (rel.) | kiln ms | eager ms | note |", "|---|---|---|---|---|---|"]
+    rows = ["| model | status | max error (rel.) | kiln ms | eager ms | compile s | note |",
+            "|---|---|---|---|---|---|---|"]
     for r in results:
         error = f"{r['relative_error']:.2e}" if "relative_error" in r else ""
-        times = f"{r.get('kiln_ms', '')} | {r.get('eager_ms', '')}"
+        times = f"{r.get('kiln_ms', '')} | {r.get('eager_ms', '')} | {r.get('compile_s', '')}"
         rows.append(f"| {r['model']} | {r['status']} | {error} | {times} | {r.get('error', '')[:90]} |")
     return "\n".join(rows)
 
@@ -276,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency", action="store_true", help="time kiln's and eager's forward too (median ms)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--timeout", type=int, default=600, help="seconds per model")
+    p.add_argument("--shard", help="i/n: every n-th model from the i-th (0-based), to split a run over calls")
+    p.add_argument("--deadline", type=float,
+                   help="seconds: start no model after this; those not started are reported 'not run'")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "zoo")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--cache", help=argparse.SUPPRESS)
@@ -285,8 +304,18 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models.split(",") if args.models else every_model()
     if args.family:
         models = [m for m in models if family_of(m) in args.family.split(",")]
+    if args.shard:
+        index, count = (int(part) for part in args.shard.split("/"))
+        models = models[index::count]
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
-    results = run_all(models, lambda model: _spawn(model, args), args.jobs)
+    stop_at = time.monotonic() + args.deadline if args.deadline else None
+
+    def spawn(model: str) -> dict[str, Any]:
+        if stop_at is not None and time.monotonic() > stop_at:
+            return {"model": model, "status": "not run", "error": "--deadline passed before it started"}
+        return _spawn(model, args)
+
+    results = run_all(models, spawn, args.jobs)
     (args.out / "zoo.json").write_text(json.dumps(results, indent=1))
     print(table(results))
     counts = Counter(r["status"] for r in results)

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cache.hashing import digest_file, digest_json, pretty_json
 from contract.errors import KilnError
@@ -20,9 +20,11 @@ from contract.job import StageJob
 from contract.timings import TimingRecord, timings_json
 from contract.toolchain import cxx
 from tasks.autotune.coverage import coverage, coverage_text, placed
-from tasks.targets.cpu import tune as cpu_tune
 from tasks.targets.cpu.decisions import CpuDecision, tuning_json
 from tasks.targets.cpu.spec import CpuKernelEntry, CpuKernelsJson
+
+if TYPE_CHECKING:
+    from tasks.targets.cpu.tune import Built
 
 TUNING = "tuning.json"  # decisions only: what later stages read, so it is deterministic
 TIMINGS = "timings.json"  # the measurements behind them, for people and the report
@@ -49,8 +51,14 @@ def run(job: StageJob) -> Mapping[str, Any]:
     objects.mkdir()
     with tempfile.TemporaryDirectory() as tmp:
         # Note: the builds of every kernel not in the cache run in parallel first; timing then
-        # runs one kernel at a time, so no two measurements share the CPU.
-        built = cpu_tune.build_variants(missing, folder, compiler, Path(tmp), job.machine.get("cores"))
+        # runs one kernel at a time, so no two measurements share the CPU. The tuner (and torch,
+        # ~1.5 s of imports) is loaded only when a kernel is missing: after an edit whose kernels
+        # are all cached this stage only copies their objects.
+        built: dict[str, Built] = {}
+        if missing:
+            from tasks.targets.cpu import tune as cpu_tune
+
+            built = cpu_tune.build_variants(missing, folder, compiler, Path(tmp), job.machine.get("cores"))
         for entry in spec.kernels:
 
             def compute(out: Path, entry: CpuKernelEntry = entry) -> dict[str, Any]:
@@ -72,9 +80,11 @@ def run(job: StageJob) -> Mapping[str, Any]:
     return {"kernels": len(records), "cached": hits, "coverage": covered, "items": used, "summary": note}
 
 
-def _tune(entry: CpuKernelEntry, folder: Path, compiler: list[str], built: cpu_tune.Built | None,
+def _tune(entry: CpuKernelEntry, folder: Path, compiler: list[str], built: Built | None,
           out: Path) -> dict[str, Any]:
     """One kernel's cache item: its record, and the object of the winning variant."""
+    from tasks.targets.cpu import tune as cpu_tune
+
     plain = entry.to_json()
     with tempfile.TemporaryDirectory() as tmp:
         if built is None:

@@ -10,7 +10,10 @@ is ready. A cluster executor (Slurm) is one more implementation of the same four
 
 Note: note(stage) is the fourth method, beside the three the design named: what the executor
 did ahead for a stage ("kiln runtime built ahead") belongs in that stage's report row, and only
-the executor knows it.
+the executor knows it. launch(job) is run(job) in two halves: the job is handed over at once (on
+the runner's thread, which alone touches what the executor holds), and its Launch is waited for
+later, from any thread. An executor whose stages run in processes of their own `overlaps`: the
+runner may wait for a stage beside the chain (weights) while the stages after it run.
 """
 
 from __future__ import annotations
@@ -36,13 +39,27 @@ class Outcome:
     warnings: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Launch:
+    """A job handed to an executor: wait(on_progress) runs or waits for it to its end (from any
+    thread); cancel() makes a wait still in progress stop, killing its worker, and raise."""
+
+    wait: Callable[[Progress | None], Outcome]
+    cancel: Callable[[], None] = lambda: None
+
+
 class Executor(Protocol):
     def prepare(self, upcoming: tuple[Stage, ...]) -> None:
         """The stages this build may still run, in order, the one the runner is at first. What
         was prepared for a stage no longer among them (found in the cache) is dropped."""
 
+    overlaps: bool  # a Launch's wait may run while the runner launches further stages
+
     def run(self, job: StageJob, on_progress: Progress | None = None) -> Outcome:
         """Run the stage's job to its end; its artifacts are in job.out_dir after it."""
+
+    def launch(self, job: StageJob) -> Launch:
+        """Hand the stage's job over; its Launch is waited for later (run is launch, then wait)."""
 
     def note(self, stage: str) -> str:
         """What this executor did ahead for the stage, for its report row ("" for nothing)."""
@@ -54,7 +71,9 @@ class Executor(Protocol):
 class InProcessExecutor:
     """Every stage in this process (--in-process, and compile() of an in-memory module, whose
     module cannot cross into a worker). Items are still built ahead in their own processes,
-    unless `ahead` is None."""
+    unless `ahead` is None. A launched job runs when it is waited for: nothing overlaps here."""
+
+    overlaps = False
 
     def __init__(self, ahead: Prebuilds | None = None, code: CodeDigest | None = None) -> None:
         self.upcoming: tuple[Stage, ...] = ()
@@ -68,6 +87,9 @@ class InProcessExecutor:
         self.start_ahead()
         notes: Mapping[str, Any] = load_entry(job.entry)(job)
         return Outcome(dict(notes), peak_rss_self(), tuple(job.warnings))
+
+    def launch(self, job: StageJob) -> Launch:
+        return Launch(lambda on_progress: self.run(job, on_progress))
 
     def start_ahead(self) -> None:
         """The builds ahead for the stages after the one about to run: started by the first stage

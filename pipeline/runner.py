@@ -8,9 +8,11 @@ needs. Fan-out inside a stage uses cache.items.ItemCache, one key per item.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from contract.facts import env_fact, machine_facts
 from contract.job import StageJob
 from contract.keys import KeyContext, Parts
 from pipeline.codedeps import stage_code_digest
-from pipeline.executor import Executor, executor_for
+from pipeline.executor import Executor, Launch, Outcome, executor_for
 from pipeline.keys import dynamic_keys, key_of, output_parts, static_parts
 from pipeline.progress import Display
 from pipeline.stages import STAGES, Stage
@@ -68,6 +70,23 @@ class BuildResult:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Begun:
+    """A stage the runner is at: found in the cache (entry), or its job launched (launch), with
+    the key lock and staging folder it holds until it is finished."""
+
+    stage: Stage
+    start: float
+    parts: Parts | None = None
+    key: str = ""
+    entry: Entry | None = None
+    launch: Launch | None = None
+    launched: float = 0.0
+    folder: Path | None = None
+    outcome: Outcome | None = None
+    closing: contextlib.ExitStack[Any] = field(default_factory=contextlib.ExitStack)
+
+
 def build_id(config: ModelConfig, target: str) -> str:
     return f"{config.path}::{target}"
 
@@ -100,28 +119,59 @@ class Runner:
         self._check_stage_names()
         self._t0 = time.perf_counter()
         rows: list[StageRow] = []
+        beside: list[tuple[int, _Begun, Future[float]]] = []  # row index, stage, its end time
         blocked = ""
-        try:
-            for stage in self.stages:
-                if blocked:
-                    rows.append(StageRow(stage.name, "skipped", note=blocked))
-                    continue
-                if not stage.built_for(self.options.target):
-                    rows.append(StageRow(stage.name, "not built", note=f"planned: {stage.planned}"))
-                    blocked = f"needs {stage.name}"
-                    continue
-                self.executor.prepare((stage, *self._still_to_come(stage)))
-                rows.append(self._stage(stage))
-                if rows[-1].status == "ran":
-                    rows[-1].note = "; ".join(filter(None, [rows[-1].note, self.executor.note(stage.name)]))
-                if stage.name == self.options.until:
-                    blocked = f"--until {stage.name}"
-        finally:
-            self.executor.close()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-beside") as waiter:
+            try:
+                for stage in self.stages:
+                    if blocked:
+                        rows.append(StageRow(stage.name, "skipped", note=blocked))
+                        continue
+                    if not stage.built_for(self.options.target):
+                        rows.append(StageRow(stage.name, "not built", note=f"planned: {stage.planned}"))
+                        blocked = f"needs {stage.name}"
+                        continue
+                    self.executor.prepare((stage, *self._still_to_come(stage)))
+                    begun = self._begin(stage)
+                    if begun.launch is not None and self._beside_the_chain(stage):
+                        rows.append(StageRow(stage.name, "running"))
+                        beside.append((len(rows) - 1, begun, waiter.submit(self._wait_beside, begun)))
+                    else:
+                        rows.append(self._finish(begun, None))
+                    if stage.name == self.options.until:
+                        blocked = f"--until {stage.name}"
+                for index, begun, ended in beside:
+                    rows[index] = self._finish(begun, ended)
+                beside.clear()
+            finally:
+                for _, begun, ended in beside:  # the chain failed or was interrupted: stop them
+                    assert begun.launch is not None
+                    begun.launch.cancel()
+                    wait([ended])
+                    begun.closing.close()
+                self.executor.close()
         seconds = time.perf_counter() - self._t0
         result = BuildResult(self.config.name, self.options.target, self.options.out, rows)
         result.entries, result.seconds = dict(self.entries), seconds
         return result
+
+    def _beside_the_chain(self, stage: Stage) -> bool:
+        """Whether the stage runs beside the stages after it: no later stage reads it (weights,
+        which only the build folder takes) and the executor runs stages in processes of their own.
+
+        Note: the weights file is the model's values, which no stage below trace reads (the
+        program's key covers names, shapes and dtypes); waiting for it before lower put its
+        seconds (the seeded init of a transformers model: ~4 s of bert-small's 24) on every
+        compile's critical path. The build waits for it at the end, before the folder is published."""
+        later = self.stages[self.stages.index(stage) + 1:]
+        return self.executor.overlaps and bool(later) and all(stage.name not in s.upstream for s in later)
+
+    @staticmethod
+    def _wait_beside(begun: _Begun) -> float:
+        """On the waiter thread: wait for the stage's worker; when it ended."""
+        assert begun.launch is not None
+        begun.outcome = begun.launch.wait(None)
+        return time.perf_counter()
 
     def _following(self, stage: Stage) -> Stage | None:
         """The stage after this one, if this build may run it."""
@@ -193,15 +243,54 @@ class Runner:
         key = key_of(parts)
         return parts, key, None if forced else self.store.lookup(stage.name, key)
 
-    def _stage(self, stage: Stage) -> StageRow:
-        start = time.perf_counter()
+    def _begin(self, stage: Stage) -> _Begun:
+        """The stage found in the cache, or its job launched under its key's lock (held, with
+        its staging folder, until _finish)."""
+        begun = _Begun(stage, time.perf_counter())
         forced = stage.name in self.options.force
-        parts, key, entry = self.probe(stage, forced=forced)
-        status = "hit"
-        if entry is None:
-            entry, status, rss = self._compute(stage, parts, key, forced)
-        else:
-            rss = None
+        begun.parts, begun.key, begun.entry = self.probe(stage, forced=forced)
+        if begun.entry is not None:
+            return begun
+        try:
+            if begun.parts is not None:
+                # Note: for a stage keyed by its output (parts None) there is nothing to wait
+                # for or find: the key is known after the run.
+                lock = self.store.root / "locks" / f"{stage.name}-{begun.key}.lock"
+                begun.closing.enter_context(key_lock(lock, on_wait=lambda: self.display.waiting(stage.name)))
+                if not forced:
+                    # Note: another process may have computed this key while we waited for the
+                    # lock; and for a stage with dynamic parts (trace's depfile) it may have
+                    # recorded what it read, so the parts are computed afresh.
+                    begun.parts, begun.key, begun.entry = self.probe(stage)
+                    if begun.entry is not None:
+                        begun.closing.close()
+                        return begun
+            self.display.started(stage.name)
+            inputs = {ref: str(self._artifact(ref)[0].file(self._artifact(ref)[1])) for ref in stage.reads}
+            begun.folder = begun.closing.enter_context(self.store.staging(stage.name, begun.key or "unkeyed"))
+            begun.launched = time.perf_counter()
+            begun.launch = self.executor.launch(self._job(stage, inputs, begun.folder))
+        except BaseException:
+            begun.closing.close()
+            raise
+        return begun
+
+    def _finish(self, begun: _Begun, ended: Future[float] | None) -> StageRow:
+        """The stage's row, once its job (if launched) has ended and its entry is committed;
+        `ended`: the waiter's future for a stage that ran beside the chain."""
+        stage, status, rss = begun.stage, "hit", None
+        end: float | None = None
+        if begun.launch is not None:
+            with begun.closing:
+                if ended is None:
+                    begun.outcome = begun.launch.wait(
+                        lambda done, total, what: self.display.progress(stage.name, done, total, what))
+                else:
+                    end = ended.result()
+                begun.entry = self._commit(begun, (end or time.perf_counter()) - begun.launched)
+            status, rss = "ran", begun.outcome.peak_rss if begun.outcome is not None else None
+        entry = begun.entry
+        assert entry is not None
         # Note: "cutoff" marks a stage spared by early cutoff: something above it reran (it
         # may be several stages up) but wrote the same bytes, so this key did not change.
         if status == "hit" and any(up in self.touched for up in stage.upstream):
@@ -209,68 +298,38 @@ class Runner:
         if status in ("ran", "cutoff"):
             self.touched.add(stage.name)
         self.entries[stage.name] = entry
-        self.records.set("parts", f"{self.id}/{stage.name}", dict(entry.meta.get("parts", parts)))
-        seconds = time.perf_counter() - start
+        self.records.set("parts", f"{self.id}/{stage.name}", dict(entry.meta.get("parts", begun.parts)))
+        seconds = (end or time.perf_counter()) - begun.start
         summary = str(entry.meta.get("notes", {}).get("summary", ""))
-        row = StageRow(stage.name, status, seconds, entry.size, rss, entry.key, start - self._t0, summary)
+        row = StageRow(stage.name, status, seconds, entry.size, rss, entry.key, begun.start - self._t0,
+                       summary)
         self.display.finished(row.stage, row.status, row.seconds)
+        if status == "ran":
+            row.note = "; ".join(filter(None, [row.note, self.executor.note(stage.name)]))
         return row
 
-    def _compute(
-        self, stage: Stage, parts: Parts | None, key: str, forced: bool
-    ) -> tuple[Entry, str, int | None]:
-        if parts is None:
-            # Note: nothing to wait for or find: the key is the output's, known after the run.
-            return self._start_and_execute(stage, parts, key)
-        lock = self.store.root / "locks" / f"{stage.name}-{key}.lock"
-        with key_lock(lock, on_wait=lambda: self.display.waiting(stage.name)):
-            if not forced:
-                # Note: another process may have computed this key while we waited for the
-                # lock; and for a stage with dynamic parts (trace's depfile) it may have
-                # recorded what it read, so the parts are computed afresh.
-                parts, key, entry = self.probe(stage)
-                if entry is not None:
-                    return entry, "hit", None
-            return self._start_and_execute(stage, parts, key)
-
-    def _start_and_execute(self, stage: Stage, parts: Parts | None,
-                           key: str) -> tuple[Entry, str, int | None]:
-        self.display.started(stage.name)
-        return self._execute(stage, parts, key)
-
-    def _execute(self, stage: Stage, parts: Parts | None, key: str) -> tuple[Entry, str, int | None]:
-        inputs = {}
-        for ref in stage.reads:
-            entry, name = self._artifact(ref)
-            inputs[ref] = str(entry.file(name))
-        with self.store.staging(stage.name, key or "unkeyed") as folder:
-            t0 = time.perf_counter()
-            def progress(done: int, total: int, what: str) -> None:
-                self.display.progress(stage.name, done, total, what)
-
-            outcome = self.executor.run(self._job(stage, inputs, folder), progress)
-            seconds = time.perf_counter() - t0
-            for warning in outcome.warnings:
-                self.store.warn(warning)
-            dyn = dynamic_keys(stage)
-            artifacts = None
-            if dyn is not None:
-                # Note: the stage just told us what it read (its depfile); the entry is filed
-                # under the key computed from that, which is what the next build computes. A
-                # stage keyed by its output has its files hashed once, here, for both.
-                dyn.remember(self.ctx, outcome.notes)
-                artifacts = scan_artifacts(folder) if parts is None else None
-                parts = self.parts(stage, outputs=artifacts)
-                assert parts is not None
-                key = key_of(parts)
-            meta = {
-                "parts": parts,
-                "notes": outcome.notes,
-                "seconds": round(seconds, 3),
-                "peak_rss": outcome.peak_rss,
-            }
-            entry = self.store.commit(folder, stage.name, key, meta, artifacts)
-        return entry, "ran", outcome.peak_rss
+    def _commit(self, begun: _Begun, seconds: float) -> Entry:
+        """The ended job's folder sealed as the stage's entry, under the key it ends with."""
+        stage, outcome, folder = begun.stage, begun.outcome, begun.folder
+        assert outcome is not None
+        assert folder is not None
+        for warning in outcome.warnings:
+            self.store.warn(warning)
+        parts, key = begun.parts, begun.key
+        dyn = dynamic_keys(stage)
+        artifacts = None
+        if dyn is not None:
+            # Note: the stage just told us what it read (its depfile); the entry is filed
+            # under the key computed from that, which is what the next build computes. A
+            # stage keyed by its output has its files hashed once, here, for both.
+            dyn.remember(self.ctx, outcome.notes)
+            artifacts = scan_artifacts(folder) if parts is None else None
+            parts = self.parts(stage, outputs=artifacts)
+            assert parts is not None
+            key = key_of(parts)
+        meta = {"parts": parts, "notes": outcome.notes, "seconds": round(seconds, 3),
+                "peak_rss": outcome.peak_rss}
+        return self.store.commit(folder, stage.name, key, meta, artifacts)
 
     def _job(self, stage: Stage, inputs: dict[str, str], folder: Path) -> StageJob:
         """What the stage receives (contract/job.py): only what it declared, facts measured here."""

@@ -14,13 +14,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 from cache.store import Store
 from contract.errors import KilnError
 from contract.job import StageJob
-from pipeline.executor import CodeDigest, InProcessExecutor, Outcome, Progress
+from pipeline.executor import CodeDigest, InProcessExecutor, Launch, Outcome, Progress
 from pipeline.prebuild import Prebuilds
 from pipeline.stages import Stage
 from pipeline.warm import WarmWorker, WarmWorkers, worker_env
@@ -29,12 +30,19 @@ from pipeline.warm import WarmWorker, WarmWorkers, worker_env
 class WorkerExecutor(InProcessExecutor):
     """Each stage in a fresh worker process; items built ahead as in process."""
 
+    overlaps = True
+
     def __init__(self, store: Store, code: CodeDigest) -> None:
         super().__init__(Prebuilds(store), code)
 
     def run(self, job: StageJob, on_progress: Progress | None = None) -> Outcome:
+        return self.launch(job).wait(on_progress)
+
+    def launch(self, job: StageJob) -> Launch:
         self.start_ahead()
-        return run_in_worker(job, on_progress, self.take_warm(job.stage))
+        warm = self.take_warm(job.stage)
+        stop = threading.Event()
+        return Launch(lambda on_progress: run_in_worker(job, on_progress, warm, stop), stop.set)
 
     def take_warm(self, stage: str) -> WarmWorker | None:
         return None
@@ -61,22 +69,24 @@ class WarmWorkerExecutor(WorkerExecutor):
         self.pool.close()
 
 
-def run_in_worker(job: StageJob, on_progress: Progress | None, warm: WarmWorker | None = None) -> Outcome:
-    """Run the job in `warm` (a worker started ahead of it) or in a fresh worker process."""
-    return _in_worker(job, job.out_dir, on_progress, warm)
+def run_in_worker(job: StageJob, on_progress: Progress | None, warm: WarmWorker | None = None,
+                  stop: threading.Event | None = None) -> Outcome:
+    """Run the job in `warm` (a worker started ahead of it) or in a fresh worker process; once
+    `stop` is set, the worker is killed and the stage is a KilnError."""
+    return _in_worker(job, job.out_dir, on_progress, warm, stop)
 
 
 def _in_worker(job: StageJob, folder: Path, on_progress: Progress | None,
-               warm: WarmWorker | None) -> Outcome:
+               warm: WarmWorker | None, stop: threading.Event | None) -> Outcome:
     control = folder.parent / f"{folder.name}.job"
     try:
         control.mkdir()
         job = replace(job, progress_file=str(control / "progress.json"))
         (control / "job.json").write_text(job.to_json())
         if warm is None:
-            _spawn(control, on_progress)
+            _spawn(control, on_progress, stop)
             return _read_result(job.stage, control, control / "log.txt")
-        _hand_over(warm, control, on_progress)
+        _hand_over(warm, control, on_progress, stop)
         return _read_result(job.stage, control, warm.log)
     except BaseException:
         if warm is not None and warm.proc.poll() is None:  # never handed over, or still running
@@ -87,14 +97,15 @@ def _in_worker(job: StageJob, folder: Path, on_progress: Progress | None,
         shutil.rmtree(control, ignore_errors=True)
 
 
-def _spawn(control: Path, on_progress: Progress | None) -> None:
+def _spawn(control: Path, on_progress: Progress | None, stop: threading.Event | None) -> None:
     cmd = [sys.executable, "-m", "pipeline.worker", str(control)]
     with (control / "log.txt").open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env())
-        _wait(proc, control, on_progress)
+        _wait(proc, control, on_progress, stop)
 
 
-def _hand_over(warm: WarmWorker, control: Path, on_progress: Progress | None) -> None:
+def _hand_over(warm: WarmWorker, control: Path, on_progress: Progress | None,
+               stop: threading.Event | None) -> None:
     """Give a waiting worker its control folder, then wait for it as for a fresh one."""
     assert warm.proc.stdin is not None
     try:
@@ -102,12 +113,15 @@ def _hand_over(warm: WarmWorker, control: Path, on_progress: Progress | None) ->
         warm.proc.stdin.close()
     except OSError:  # it died just now: _read_result reports the crash with its log
         pass
-    _wait(warm.proc, control, on_progress)
+    _wait(warm.proc, control, on_progress, stop)
 
 
-def _wait(proc: subprocess.Popen[bytes], control: Path, on_progress: Progress | None) -> None:
+def _wait(proc: subprocess.Popen[bytes], control: Path, on_progress: Progress | None,
+          stop: threading.Event | None) -> None:
     try:
         while proc.poll() is None:
+            if stop is not None and stop.is_set():
+                raise KilnError("stage cancelled: the build stopped while it ran")
             try:
                 proc.wait(timeout=0.25)
             except subprocess.TimeoutExpired:

@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency", action="store_true", help="time kiln's and eager's forward too (median ms)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--timeout", type=int, default=600, help="seconds per model")
+    p.add_argument("--exclude", default="", help="comma-separated models to leave out (run in another call)")
     p.add_argument("--shard", help="i/n: every n-th model from the i-th (0-based), to split a run over calls")
     p.add_argument("--deadline", type=float,
                    help="seconds: start no model after this; those not started are reported 'not run'")
@@ -304,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models.split(",") if args.models else every_model()
     if args.family:
         models = [m for m in models if family_of(m) in args.family.split(",")]
+    models = [m for m in models if m not in set(args.exclude.split(","))]
     if args.shard:
         index, count = (int(part) for part in args.shard.split("/"))
         models = models[index::count]

@@ -97,7 +97,7 @@ def _in_worker(job: StageJob, folder: Path, on_progress: Progress | None,
         shutil.rmtree(control, ignore_errors=True)
 
 
-def _spawn(control: Path, on_progress: Progress | None, stop: threading.Event | None) -> None:
+def _spawn(control: Path, on_progress: Progress | None, stop: threading.Event | None = None) -> None:
     cmd = [sys.executable, "-m", "pipeline.worker", str(control)]
     with (control / "log.txt").open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env())

@@ -60,6 +60,18 @@ def _count(job: StageJob) -> None:
             f.write(f"{job.stage}\n")
 
 
+def aside(job: StageJob) -> Mapping[str, Any]:
+    """Read by no later stage (as weights is): the runner runs it beside them. Sleeps long
+    enough that the stages after it start while it runs."""
+    text = job.input("first/first.txt").read_text()
+    _count(job)
+    time.sleep(1.5)
+    if os.environ.get("KILN_TEST_FAIL") == job.stage:
+        raise ValueError("aside failed on purpose")
+    (job.out_dir / "aside.txt").write_text(text.strip() + " aside\n")
+    return {}
+
+
 FAKE_STAGES: tuple[Stage, ...] = (
     Stage("first", "", config=("model.kwargs",),
           entry="tests.fake_stages:first", publish=("first.txt",)),
@@ -68,6 +80,14 @@ FAKE_STAGES: tuple[Stage, ...] = (
     Stage("third", "", reads=("second/second.txt",),
           entry="tests.fake_stages:third"),
     Stage("fourth", "", reads=("third/third.txt",), planned="a later issue"),
+)
+
+
+# The same, with a stage beside the chain after the first (as weights is after trace).
+STAGES_WITH_ASIDE: tuple[Stage, ...] = (
+    FAKE_STAGES[0],
+    Stage("aside", "", reads=("first/first.txt",), entry="tests.fake_stages:aside", publish=("aside.txt",)),
+    *FAKE_STAGES[1:3],
 )
 
 

@@ -14,7 +14,7 @@ from pipeline.runner import BuildOptions, BuildResult
 from pipeline.stages import Stage
 from pipeline.warm import WarmWorkers
 from tests.conftest import write_config
-from tests.fake_stages import FAKE_STAGES
+from tests.fake_stages import FAKE_STAGES, STAGES_WITH_ASIDE
 
 
 def _fake_config(project: Path, scale: int) -> ModelConfig:
@@ -200,3 +200,48 @@ def test_an_entry_that_fails_to_import_in_an_early_worker_reports_its_own_error(
     with pytest.raises(KilnError, match="internal error in stage second: ModuleNotFoundError"):
         compile_model(_fake_config(project, 2), options, cache, stages=(FAKE_STAGES[0], broken))
     assert warm_pools[0].taken == ["second"]
+
+
+def _with_aside(project: Path, cache: Cache, scale: int = 2) -> BuildResult:
+    options = BuildOptions("cpu", project / "build")
+    return compile_model(_fake_config(project, scale), options, cache, stages=STAGES_WITH_ASIDE)
+
+
+def test_a_stage_no_later_stage_reads_runs_beside_the_ones_after_it(project: Path, cache: Cache) -> None:
+    result = _with_aside(project, cache)
+    rows = {row.stage: row for row in result.rows}
+    assert [row.stage for row in result.rows] == ["first", "aside", "second", "third"]
+    assert _statuses(result) == {"first": "ran", "aside": "ran", "second": "ran", "third": "ran"}
+    assert rows["second"].start < rows["aside"].start + rows["aside"].seconds  # while aside ran
+    assert rows["aside"].seconds >= 1.5  # its row is its own run, not the chain's
+    assert (project / "build" / "aside.txt").read_text() == "positive aside\n"  # published
+    again = _with_aside(project, cache)
+    assert set(_statuses(again).values()) == {"hit"}
+
+
+def test_a_stage_beside_the_chain_that_fails_fails_the_build_after_the_chain(
+        project: Path, cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_TEST_FAIL", "aside")
+    with pytest.raises(KilnError, match="aside failed on purpose"):
+        _with_aside(project, cache)
+    monkeypatch.delenv("KILN_TEST_FAIL")
+    again = _with_aside(project, cache)  # the chain's entries were kept; aside left nothing
+    assert _statuses(again) == {"first": "hit", "aside": "ran", "second": "hit", "third": "hit"}
+
+
+def test_a_chain_that_fails_stops_the_stage_beside_it(
+        project: Path, cache: Cache, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import time
+
+    log = tmp_path / "runs.log"
+    monkeypatch.setenv("KILN_TEST_RUNLOG", str(log))
+    monkeypatch.setenv("KILN_TEST_CRASH", "second")
+    started = time.monotonic()
+    with pytest.raises(KilnError, match="stage second crashed"):
+        _with_aside(project, cache)
+    assert "aside" in log.read_text().split()  # it had started
+    assert time.monotonic() - started < 10
+    assert not list((cache.store.tmp).glob("aside-*"))  # its staging folder is gone
+    monkeypatch.delenv("KILN_TEST_CRASH")
+    again = _with_aside(project, cache)
+    assert _statuses(again)["aside"] == "ran"  # nothing of it was committed

@@ -24,7 +24,7 @@ class Mutating(torch.nn.Module):
         x.add_(1)
         self.count += 1
         y[:, 0] = 7.0
-        y.index_put_((i,), torch.ones(3), accumulate=True)
+        y.index_put_((i,), torch.ones(3, device=y.device), accumulate=True)
         stats = (self.bn.running_mean, self.bn.num_batches_tracked)
         assert stats[0] is not None
         assert stats[1] is not None

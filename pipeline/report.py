@@ -92,7 +92,7 @@ def chrome_trace(report: dict[str, Any]) -> dict[str, Any]:
             "ts": int(row["start"] * 1e6),
             "dur": max(1, int(row["seconds"] * 1e6)),
             "pid": 1,
-            "tid": 1,
+            "tid": 2 if row.get("beside") else 1,  # overlapping slices on one track do not nest
             "args": {k: row[k] for k in ("status", "key", "bytes", "peak_rss", "note")},
         }
         for row in report["stages"]

@@ -54,6 +54,7 @@ class StageRow:
     key: str = ""
     start: float = 0.0
     note: str = ""
+    beside: bool = False  # ran beside the chain (weights), overlapping the stages after it
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -84,6 +85,7 @@ class _Begun:
     launched: float = 0.0
     folder: Path | None = None
     outcome: Outcome | None = None
+    scanned: dict[str, Artifact] | None = None  # its files' digests, where the waiter hashed them
     closing: contextlib.ExitStack[Any] = field(default_factory=contextlib.ExitStack)
 
 
@@ -121,7 +123,7 @@ class Runner:
         rows: list[StageRow] = []
         beside: list[tuple[int, _Begun, Future[float]]] = []  # row index, stage, its end time
         blocked = ""
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-beside") as waiter:
+        with ThreadPoolExecutor(max_workers=len(self.stages), thread_name_prefix="kiln-beside") as waiter:
             try:
                 for stage in self.stages:
                     if blocked:
@@ -132,17 +134,19 @@ class Runner:
                         blocked = f"needs {stage.name}"
                         continue
                     self.executor.prepare((stage, *self._still_to_come(stage)))
+                    # Note: a stage that times code (autotune) has the machine to itself: a
+                    # weights stage still running would skew measurements the cache then keeps.
+                    self._finish_beside(beside, rows, all_of_them=stage.measures)
                     begun = self._begin(stage)
                     if begun.launch is not None and self._beside_the_chain(stage):
-                        rows.append(StageRow(stage.name, "running"))
+                        rows.append(StageRow(stage.name, "running", beside=True))
                         beside.append((len(rows) - 1, begun, waiter.submit(self._wait_beside, begun)))
                     else:
                         rows.append(self._finish(begun, None))
+                    self._finish_beside(beside, rows, all_of_them=False)
                     if stage.name == self.options.until:
                         blocked = f"--until {stage.name}"
-                for index, begun, ended in beside:
-                    rows[index] = self._finish(begun, ended)
-                beside.clear()
+                self._finish_beside(beside, rows, all_of_them=True)
             finally:
                 for _, begun, ended in beside:  # the chain failed or was interrupted: stop them
                     assert begun.launch is not None
@@ -166,11 +170,25 @@ class Runner:
         later = self.stages[self.stages.index(stage) + 1:]
         return self.executor.overlaps and bool(later) and all(stage.name not in s.upstream for s in later)
 
+    def _finish_beside(self, beside: list[tuple[int, _Begun, Future[float]]], rows: list[StageRow], *,
+                       all_of_them: bool) -> None:
+        """Finish the stages beside the chain: all of them (waiting), or those that already ended
+        well (so their key locks are not held while the chain goes on; one that failed is
+        raised only after the chain, whose entries are kept)."""
+        for item in list(beside):
+            index, begun, ended = item
+            if all_of_them or (ended.done() and ended.exception() is None):
+                rows[index] = self._finish(begun, ended)
+                beside.remove(item)
+
     @staticmethod
     def _wait_beside(begun: _Begun) -> float:
-        """On the waiter thread: wait for the stage's worker; when it ended."""
+        """On the waiter thread: wait for the stage's worker and hash what it wrote (pure file
+        work, so its row counts it); when that ended."""
         assert begun.launch is not None
+        assert begun.folder is not None
         begun.outcome = begun.launch.wait(None)
+        begun.scanned = scan_artifacts(begun.folder)
         return time.perf_counter()
 
     def _following(self, stage: Stage) -> Stage | None:
@@ -281,12 +299,12 @@ class Runner:
         stage, status, rss = begun.stage, "hit", None
         end: float | None = None
         if begun.launch is not None:
+            if ended is not None:
+                end = self._ended(begun, ended)
             with begun.closing:
                 if ended is None:
                     begun.outcome = begun.launch.wait(
                         lambda done, total, what: self.display.progress(stage.name, done, total, what))
-                else:
-                    end = ended.result()
                 begun.entry = self._commit(begun, (end or time.perf_counter()) - begun.launched)
             status, rss = "ran", begun.outcome.peak_rss if begun.outcome is not None else None
         entry = begun.entry
@@ -302,11 +320,24 @@ class Runner:
         seconds = (end or time.perf_counter()) - begun.start
         summary = str(entry.meta.get("notes", {}).get("summary", ""))
         row = StageRow(stage.name, status, seconds, entry.size, rss, entry.key, begun.start - self._t0,
-                       summary)
+                       summary, beside=ended is not None)
         self.display.finished(row.stage, row.status, row.seconds)
         if status == "ran":
             row.note = "; ".join(filter(None, [row.note, self.executor.note(stage.name)]))
         return row
+
+    @staticmethod
+    def _ended(begun: _Begun, ended: Future[float]) -> float:
+        """When a stage beside the chain ended. Its lock and staging folder are let go only once
+        its worker has stopped: an interrupt here cancels the worker and waits for it first."""
+        assert begun.launch is not None
+        try:
+            return ended.result()
+        except BaseException:
+            begun.launch.cancel()
+            wait([ended])
+            begun.closing.close()
+            raise
 
     def _commit(self, begun: _Begun, seconds: float) -> Entry:
         """The ended job's folder sealed as the stage's entry, under the key it ends with."""
@@ -317,14 +348,15 @@ class Runner:
             self.store.warn(warning)
         parts, key = begun.parts, begun.key
         dyn = dynamic_keys(stage)
-        artifacts = None
+        artifacts = begun.scanned  # hashed already by the waiter, for a stage beside the chain
         if dyn is not None:
             # Note: the stage just told us what it read (its depfile); the entry is filed
             # under the key computed from that, which is what the next build computes. A
             # stage keyed by its output has its files hashed once, here, for both.
             dyn.remember(self.ctx, outcome.notes)
-            artifacts = scan_artifacts(folder) if parts is None else None
-            parts = self.parts(stage, outputs=artifacts)
+            if parts is None and artifacts is None:
+                artifacts = scan_artifacts(folder)
+            parts = self.parts(stage, outputs=artifacts if parts is None else None)
             assert parts is not None
             key = key_of(parts)
         meta = {"parts": parts, "notes": outcome.notes, "seconds": round(seconds, 3),

@@ -28,6 +28,7 @@ class Stage:
     publish: tuple[str, ...] = ()  # artifacts copied into the build folder ("dir/" for a folder)
     targets: tuple[str, ...] = ("cpu", "cuda")  # the targets the stage is built for
     planned: str = ""  # for a stage, or a target of it, not built yet: where it is planned
+    measures: bool = False  # times code: the stages beside the chain end before it starts
     upstream: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +101,7 @@ STAGES: tuple[Stage, ...] = (
         by_target=True,
         entry="tasks.targets.{target}.autotune:run",
         publish=("timings.json",),
+        measures=True,
     ),
     Stage(
         "gen-cpp",

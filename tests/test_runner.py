@@ -245,3 +245,22 @@ def test_a_chain_that_fails_stops_the_stage_beside_it(
     monkeypatch.delenv("KILN_TEST_CRASH")
     again = _with_aside(project, cache)
     assert _statuses(again)["aside"] == "ran"  # nothing of it was committed
+
+
+def test_a_stage_that_measures_waits_for_the_stage_beside_the_chain(project: Path, cache: Cache) -> None:
+    import dataclasses
+
+    stages = (*STAGES_WITH_ASIDE[:3], dataclasses.replace(STAGES_WITH_ASIDE[3], measures=True))
+    options = BuildOptions("cpu", project / "build")
+    result = compile_model(_fake_config(project, 2), options, cache, stages=stages)
+    rows = {row.stage: row for row in result.rows}
+    assert rows["aside"].beside
+    assert rows["aside"].start + rows["aside"].seconds <= rows["third"].start  # third had the machine
+
+
+def test_the_chrome_trace_puts_a_stage_beside_the_chain_on_a_track_of_its_own(project: Path,
+                                                                               cache: Cache) -> None:
+    from pipeline.report import chrome_trace, report_json
+
+    events = chrome_trace(report_json(_with_aside(project, cache)))["traceEvents"][1:]
+    assert {e["name"]: e["tid"] for e in events} == {"first": 1, "aside": 2, "second": 1, "third": 1}

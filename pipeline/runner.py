@@ -149,10 +149,7 @@ class Runner:
                 self._finish_beside(beside, rows, all_of_them=True)
             finally:
                 for _, begun, ended in beside:  # the chain failed or was interrupted: stop them
-                    assert begun.launch is not None
-                    begun.launch.cancel()
-                    wait([ended])
-                    begun.closing.close()
+                    self._stop_beside(begun, ended)
                 self.executor.close()
         seconds = time.perf_counter() - self._t0
         result = BuildResult(self.config.name, self.options.target, self.options.out, rows)
@@ -284,7 +281,10 @@ class Runner:
                         begun.closing.close()
                         return begun
             self.display.started(stage.name)
-            inputs = {ref: str(self._artifact(ref)[0].file(self._artifact(ref)[1])) for ref in stage.reads}
+            inputs = {}
+            for ref in stage.reads:
+                entry, name = self._artifact(ref)
+                inputs[ref] = str(entry.file(name))
             begun.folder = begun.closing.enter_context(self.store.staging(stage.name, begun.key or "unkeyed"))
             begun.launched = time.perf_counter()
             begun.launch = self.executor.launch(self._job(stage, inputs, begun.folder))
@@ -330,14 +330,21 @@ class Runner:
     def _ended(begun: _Begun, ended: Future[float]) -> float:
         """When a stage beside the chain ended. Its lock and staging folder are let go only once
         its worker has stopped: an interrupt here cancels the worker and waits for it first."""
-        assert begun.launch is not None
         try:
             return ended.result()
         except BaseException:
-            begun.launch.cancel()
-            wait([ended])
-            begun.closing.close()
+            Runner._stop_beside(begun, ended)
             raise
+
+    @staticmethod
+    def _stop_beside(begun: _Begun, ended: Future[float]) -> None:
+        """Stop a stage beside the chain (its worker killed, if it still runs), then let go of
+        its key lock and staging folder: in that order, so no other build takes the key while
+        the worker still writes."""
+        assert begun.launch is not None
+        begun.launch.cancel()
+        wait([ended])
+        begun.closing.close()
 
     def _commit(self, begun: _Begun, seconds: float) -> Entry:
         """The ended job's folder sealed as the stage's entry, under the key it ends with."""

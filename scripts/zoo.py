@@ -305,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models.split(",") if args.models else every_model()
     if args.family:
         models = [m for m in models if family_of(m) in args.family.split(",")]
-    models = [m for m in models if m not in set(args.exclude.split(","))]
+    excluded = set(args.exclude.split(","))
+    models = [m for m in models if m not in excluded]
     if args.shard:
         index, count = (int(part) for part in args.shard.split("/"))
         models = models[index::count]

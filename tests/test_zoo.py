@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts.zoo import build, run_one
+from scripts.zoo import build, interleaved, run_one
 
 
 # Note: six transformers families with default configs made tiny: decoders with a KV cache
@@ -56,3 +56,9 @@ def test_an_encoder_keeps_its_config_and_is_not_warned_about() -> None:
         assert turned_off
         assert not decoder.config.use_cache
     assert decoder.config.use_cache
+
+
+def test_the_zoo_runs_one_of_each_kind_before_the_second_of_any() -> None:
+    models = ["tv:resnet18", "tv:resnet50", "tv:resnet101", "tv:vgg11", "tv:vgg13", "hf:bert", "timm:resnet18"]
+    assert interleaved(models) == ["tv:resnet18", "tv:vgg11", "hf:bert", "timm:resnet18", "tv:resnet50",
+                                   "tv:vgg13", "tv:resnet101"]

@@ -54,6 +54,7 @@ DETECTION_BACKBONES = ["fasterrcnn_resnet50_fpn", "retinanet_resnet50_fpn", "ssd
 TIMM = ["vit_tiny_patch16_224", "vit_small_patch16_224", "convnext_atto", "convnext_tiny", "efficientnet_b0",
         "efficientnet_b2", "resnet18", "resnet50", "deit_tiny_patch16_224", "resnet50d"]
 TRANSFORMERS = ["gpt2", "llama", "bert", "t5", "distilbert", "mistral", "opt", "bart", "roberta"]
+RESULTS = "results.jsonl"  # in --out: a line per model as it finishes, which --resume reads
 BLOCKS = ["bn_block", "conv_bn_relu", "bn_inplace_relu"]
 
 
@@ -147,11 +148,16 @@ def interleaved(models: list[str]) -> list[str]:
     second finds them in the shared cache. So this order costs the least tuning for a zoo.
     """
     kinds: dict[str, list[str]] = {}
-    for model in models:
+    for model in sorted(models, key=_natural):
         kind = re.sub(r"[^a-z].*$", "", model.split(":", 1)[-1])  # resnet101 -> resnet
         kinds.setdefault(f"{family_of(model)}:{kind}", []).append(model)
     rounds = max((len(members) for members in kinds.values()), default=0)
     return [members[i] for i in range(rounds) for members in kinds.values() if i < len(members)]
+
+
+def _natural(model: str) -> list[Any]:
+    """resnet18 before resnet101: digits compared as numbers."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", model)]
 
 
 def every_model() -> list[str]:
@@ -288,6 +294,20 @@ def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"model": model} | found
 
 
+def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
+    """Each model's last result in a results file (a line per finished model); a line cut short
+    by a killed run is skipped, so that model runs again."""
+    found: dict[str, dict[str, Any]] = {}
+    lines = path.read_text().splitlines() if path.is_file() else []
+    for line in lines:
+        try:
+            result = json.loads(line)
+        except ValueError:
+            continue
+        found[result["model"]] = result
+    return found
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """A markdown table: model, status, error relative to eager, kiln's and eager's latency."""
     rows = ["| model | status | max error (rel.) | kiln ms | eager ms | compile s | note |",
@@ -314,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline", type=float,
                    help="seconds: start no model after this; those not started are reported 'not run'")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "zoo")
+    p.add_argument("--resume", action="store_true",
+                   help=f"take models already in OUT/{RESULTS} from there (an earlier call's); run the rest")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--cache", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -329,11 +351,17 @@ def main(argv: list[str] | None = None) -> int:
         models = models[index::count]
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     stop_at = time.monotonic() + args.deadline if args.deadline else None
+    done = _earlier_results(args.out / RESULTS) if args.resume else {}
 
     def spawn(model: str) -> dict[str, Any]:
+        if model in done:
+            return done[model]
         if stop_at is not None and time.monotonic() > stop_at:
             return {"model": model, "status": "not run", "error": "--deadline passed before it started"}
-        return _spawn(model, args)
+        found = _spawn(model, args)
+        with (args.out / RESULTS).open("a") as results:
+            results.write(json.dumps(found) + "\n")
+        return found
 
     results = run_all(models, spawn, args.jobs)
     (args.out / "zoo.json").write_text(json.dumps(results, indent=1))

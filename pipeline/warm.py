@@ -15,28 +15,130 @@ worker started ahead, that leaves out the imports done while the stage before it
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import select
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from contract.config import PROJECT_ROOT
+from pipeline import server
 from pipeline.stages import Stage
+from pipeline.worker import read_line
+
+
+class Proc(Protocol):
+    """A worker process: a Popen, or a worker the stage server forked (ServedProc)."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class ServedProc:
+    """A worker forked by the stage server, seen through its connection (pipeline/server.py):
+    it ends when it sends its exit status or the connection ends; it is signalled by a pidfd,
+    so a pid the kernel has given to another process since is never signalled."""
+
+    def __init__(self, conn: socket.socket, pid: int) -> None:
+        self.conn, self.pid = conn, pid
+        self._status: int | None = None
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except OSError:  # it has ended already
+            self._pidfd = None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._status
+
+    def poll(self) -> int | None:
+        return self.wait(0) if self._status is None and self._readable(0) else self._status
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._status is None:
+            if not self._readable(timeout):
+                raise subprocess.TimeoutExpired("kiln stage worker", timeout or 0)
+            line = read_line(self.conn)
+            self._status = int(json.loads(line)["exit"]) if line else -signal.SIGKILL
+            self._close()
+        return self._status
+
+    def send_signal(self, sig: int) -> None:
+        if self._status is None and self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _readable(self, timeout: float | None) -> bool:
+        return bool(select.select([self.conn], [], [], timeout)[0])
+
+    def _close(self) -> None:
+        self.conn.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 @dataclass
 class WarmWorker:
-    proc: subprocess.Popen[bytes]
+    proc: Proc
     log: Path  # its stdout and stderr, from its start
+
+    def hand_over(self, control: Path) -> None:
+        """Give the worker its control folder; it runs the job there."""
+        try:
+            if isinstance(self.proc, ServedProc):
+                self.proc.conn.sendall(f"{control}\n".encode())
+            elif isinstance(self.proc, subprocess.Popen) and self.proc.stdin is not None:
+                self.proc.stdin.write(f"{control}\n".encode())
+                self.proc.stdin.close()
+        except OSError:  # it died just now: its missing result says so, with its log
+            pass
+
+    def stop(self) -> None:
+        """Kill it: waiting for its imports to end (before it reads its control folder) would
+        cost the runner up to their length."""
+        self.proc.kill()
+        self.proc.wait()
+        if isinstance(self.proc, subprocess.Popen) and self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
 
 
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     return env
+
+
+def start_worker(entry: str, target: str, log: Path) -> WarmWorker:
+    """A worker for a stage: forked by this runner's stage server, its imports done; or, where
+    there is none ready, a fresh process that imports the stage's entry module while it waits."""
+    env = worker_env()
+    served = server.connect(env, target, {"log": str(log), "env": env})
+    if served is not None:
+        return WarmWorker(ServedProc(*served), log)
+    with log.open("wb") as out:
+        cmd = [sys.executable, "-m", "pipeline.worker", "--warm", entry, target]
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return WarmWorker(proc, log)
 
 
 class WarmWorkers:
@@ -55,12 +157,7 @@ class WarmWorkers:
         if entry is None or stage.name in self._waiting:
             return
         self._logs.mkdir(parents=True, exist_ok=True)
-        log = self._logs / f"{stage.name}.log"
-        with log.open("wb") as out:
-            cmd = [sys.executable, "-m", "pipeline.worker", "--warm", entry, self.target]
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                                    env=worker_env())
-        self._waiting[stage.name] = WarmWorker(proc, log)
+        self._waiting[stage.name] = start_worker(entry, self.target, self._logs / f"{stage.name}.log")
 
     def take(self, stage: str) -> WarmWorker | None:
         """The stage's waiting worker, if it is still alive; it is the caller's from now on."""
@@ -68,7 +165,7 @@ class WarmWorkers:
         if warm is None:
             return None
         if warm.proc.poll() is not None:  # it died while waiting: start a fresh one instead
-            _stop(warm)
+            warm.stop()
             return None
         self.taken.append(stage)
         return warm
@@ -76,19 +173,9 @@ class WarmWorkers:
     def keep_only(self, stages: set[str]) -> None:
         """The workers waiting for any other stage exit (it was found in the cache)."""
         for name in [name for name in self._waiting if name not in stages]:
-            _stop(self._waiting.pop(name))
+            self._waiting.pop(name).stop()
 
     def close(self) -> None:
         for name in list(self._waiting):
-            _stop(self._waiting.pop(name))
+            self._waiting.pop(name).stop()
         shutil.rmtree(self._logs, ignore_errors=True)
-
-
-def _stop(warm: WarmWorker) -> None:
-    """Kill it: it holds no job and has written nothing, and waiting for its imports to end
-    (before it reads stdin) would cost the runner up to their length."""
-    warm.proc.kill()
-    warm.proc.wait()
-    if warm.proc.stdin is not None:
-        with contextlib.suppress(OSError):
-            warm.proc.stdin.close()

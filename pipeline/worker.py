@@ -7,13 +7,16 @@ its traceback for --debug)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import json
 import os
 import resource
 import signal
+import socket
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -50,6 +53,11 @@ def _die_with_parent() -> None:
 
 def main(control: Path) -> int:
     _die_with_parent()
+    return run_control(control)
+
+
+def run_control(control: Path) -> int:
+    """Run the job in `control` and write its result.json; 0 if the stage ended well."""
     job = StageJob.from_json((control / "job.json").read_text())
     if job.project_root not in sys.path:
         # Note: after kiln's own packages: an in-memory model's root is the folder of the user's
@@ -89,6 +97,64 @@ def warm_main(entry: str, target: str) -> int:
         # half-made would give a different, misleading error from the one the stage must report.
         os.execv(sys.executable, [sys.executable, "-m", "pipeline.worker", control])
     return main(Path(control))
+
+
+def serve_child(conn: socket.socket, learned: Path, libraries: tuple[str, ...]) -> int:
+    """A worker forked by the stage server (pipeline/server.py), its imports done: it takes the
+    runner's request (its log file and environment), says its pid, runs the control folder the
+    runner then sends, and sends its exit status. It exits when the connection ends first (the
+    runner ended, or killed the stage)."""
+    request = json.loads(read_line(conn) or "{}")
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    before = set(sys.modules)
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    control = read_line(conn)
+    if not control:
+        return 0
+    threading.Thread(target=_lifeline, args=(conn,), daemon=True).start()
+    code = run_control(Path(control))
+    _append_libraries(learned, set(sys.modules) - before, libraries)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
+    return code
+
+
+def read_line(conn: socket.socket) -> str:
+    """One line from a connection ('' at its end), a byte at a time, so nothing after it is taken."""
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        byte = conn.recv(1)
+        if not byte:
+            return ""
+        data += byte
+    return data.decode().strip()
+
+
+def _lifeline(conn: socket.socket) -> None:
+    """The runner sends nothing after the control line: the connection's end is the runner's."""
+    with contextlib.suppress(OSError):
+        while conn.recv(1):
+            pass
+    os._exit(1)
+
+
+def _append_libraries(learned: Path, names: set[str], libraries: tuple[str, ...]) -> None:
+    """The library modules this worker imported that its server had not: the server imports them
+    when idle. Never the model's own files, nor kiln's (only site-packages and the stdlib)."""
+    found = []
+    for name in sorted(names):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(path, str) and os.path.realpath(path).startswith(libraries):
+            found.append(name)
+    if found:
+        with contextlib.suppress(OSError), learned.open("a") as out:
+            out.write("".join(f"{name}\n" for name in found))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -21,10 +20,11 @@ from pathlib import Path
 from cache.store import Store
 from contract.errors import KilnError
 from contract.job import StageJob
+from pipeline import server
 from pipeline.executor import CodeDigest, InProcessExecutor, Launch, Outcome, Progress
 from pipeline.prebuild import Prebuilds
 from pipeline.stages import Stage
-from pipeline.warm import WarmWorker, WarmWorkers, worker_env
+from pipeline.warm import Proc, WarmWorker, WarmWorkers, start_worker, worker_env
 
 
 class WorkerExecutor(InProcessExecutor):
@@ -34,12 +34,14 @@ class WorkerExecutor(InProcessExecutor):
 
     def __init__(self, store: Store, code: CodeDigest) -> None:
         super().__init__(Prebuilds(store), code)
+        self.ran = False  # whether any stage ran in a worker
 
     def run(self, job: StageJob, on_progress: Progress | None = None) -> Outcome:
         return self.launch(job).wait(on_progress)
 
     def launch(self, job: StageJob) -> Launch:
         self.start_ahead()
+        self.ran = True
         warm = self.take_warm(job.stage)
         stop = threading.Event()
         return Launch(lambda on_progress: run_in_worker(job, on_progress, warm, stop), stop.set)
@@ -67,6 +69,8 @@ class WarmWorkerExecutor(WorkerExecutor):
     def close(self) -> None:
         super().close()
         self.pool.close()
+        if self.ran:  # the next compile's workers are forked from it (pipeline/server.py)
+            server.start(worker_env(), self.pool.target)
 
 
 def run_in_worker(job: StageJob, on_progress: Progress | None, warm: WarmWorker | None = None,
@@ -84,9 +88,9 @@ def _in_worker(job: StageJob, folder: Path, on_progress: Progress | None,
         job = replace(job, progress_file=str(control / "progress.json"))
         (control / "job.json").write_text(job.to_json())
         if warm is None:
-            _spawn(control, on_progress, stop)
-            return _read_result(job.stage, control, control / "log.txt")
-        _hand_over(warm, control, on_progress, stop)
+            warm = start_worker(job.entry, job.target, control / "log.txt")
+        warm.hand_over(control)
+        _wait(warm.proc, control, on_progress, stop)
         return _read_result(job.stage, control, warm.log)
     except BaseException:
         if warm is not None and warm.proc.poll() is None:  # never handed over, or still running
@@ -97,27 +101,7 @@ def _in_worker(job: StageJob, folder: Path, on_progress: Progress | None,
         shutil.rmtree(control, ignore_errors=True)
 
 
-def _spawn(control: Path, on_progress: Progress | None, stop: threading.Event | None = None) -> None:
-    cmd = [sys.executable, "-m", "pipeline.worker", str(control)]
-    with (control / "log.txt").open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env())
-        _wait(proc, control, on_progress, stop)
-
-
-def _hand_over(warm: WarmWorker, control: Path, on_progress: Progress | None,
-               stop: threading.Event | None) -> None:
-    """Give a waiting worker its control folder, then wait for it as for a fresh one."""
-    assert warm.proc.stdin is not None
-    try:
-        warm.proc.stdin.write(f"{control}\n".encode())
-        warm.proc.stdin.close()
-    except OSError:  # it died just now: _read_result reports the crash with its log
-        pass
-    _wait(warm.proc, control, on_progress, stop)
-
-
-def _wait(proc: subprocess.Popen[bytes], control: Path, on_progress: Progress | None,
-          stop: threading.Event | None) -> None:
+def _wait(proc: Proc, control: Path, on_progress: Progress | None, stop: threading.Event | None) -> None:
     try:
         while proc.poll() is None:
             if stop is not None and stop.is_set():

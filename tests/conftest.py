@@ -11,6 +11,10 @@ import pytest
 from contract.config import PROJECT_ROOT
 from pipeline.build import Cache
 
+# Note: no stage server (pipeline/server.py) for the tests' compiles: each test's would outlive it,
+# holding its imports, by the hundred. tests/test_server.py turns it on for its own.
+os.environ["KILN_SERVER"] = "0"
+
 MLP_CONFIG = """
 [model]
 factory = "toymodel:build"

@@ -7,12 +7,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from contract.job import StageJob
-from pipeline.workers import _spawn
+from pipeline.workers import _wait
 
 
 def test_a_job_in_process_reports_nothing_and_fails_nothing(tmp_path: Path) -> None:
@@ -29,7 +26,7 @@ def test_progress_is_written_whole(tmp_path: Path) -> None:
     assert not path.with_suffix(".tmp").exists()
 
 
-def test_the_runner_relays_a_workers_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_runner_relays_a_workers_progress(tmp_path: Path) -> None:
     """A fake worker reports 1/2 then 2/2; the runner's callback hears them while it runs."""
     control = tmp_path / "ctl"
     control.mkdir()
@@ -40,14 +37,9 @@ def test_the_runner_relays_a_workers_progress(tmp_path: Path, monkeypatch: pytes
         "for n in (1, 2):\n"
         "    p.write_text(json.dumps([n, 2, 'kernels'])); time.sleep(0.6)\n")
     heard: list[tuple[int, int, str]] = []
-    real_popen = subprocess.Popen
-
-    def popen(cmd: list[str], **kwargs: Any) -> Any:
-        return real_popen([sys.executable, str(script), str(control)], **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", popen)
     started = time.monotonic()
-    _spawn(control, lambda done, total, what: heard.append((done, total, what)))
+    _wait(subprocess.Popen([sys.executable, str(script), str(control)]), control,
+          lambda done, total, what: heard.append((done, total, what)), None)
     assert time.monotonic() - started >= 1.0
     assert (1, 2, "kernels") in heard
     assert heard[-1] == (2, 2, "kernels")

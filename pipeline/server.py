@@ -1,0 +1,273 @@
+"""kiln's stage server: a resident process that has imported every stage's code, and the model's
+libraries, and forks each stage worker from itself, so a compile after the first pays no imports.
+
+    python -m pipeline.server TARGET      (started by a compile; nobody needs to run it by hand)
+
+Why: a worker's first seconds are imports. Trace's are torch's and the model's libraries' (8.5 s
+of a 13.6 s trace of bert-small on 2 cores: `from transformers import BertForMaskedLM` alone
+takes 6 s after torch), and a one-layer edit pays them again. Like Gradle's daemon and Bazel's
+server, the work that outlives one compile stays resident; like Python's forkserver, each job
+runs in a fork of it, so no state of one job leaks into the next.
+
+How a compile uses it (pipeline/warm.py): a runner that needs a worker connects to the server's
+socket and sends one JSON line (the worker's log file, the runner's environment). The server
+forks; the child says its pid, waits for its control folder's line and runs the stage as
+`python -m pipeline.worker` would (pipeline/worker.py: serve_child), then sends its exit status.
+The connection is the child's lifeline: when the runner closes it or dies, the child exits.
+Where there is no server, or it is busy starting, or it is stale, the runner starts a fresh
+worker instead, exactly as without one, and a compile that ran stages starts one for the next.
+
+Note: one server per (python, environment, working folder, target): a worker forked from it
+is the worker a fresh `python -m pipeline.worker` started by that runner would be, with its
+imports done. Only the working folder and the few variables a shell changes between commands
+(VOLATILE) are left out of the match, and the child takes the runner's values of those.
+Before each fork the server checks every module file it has imported against the size and time
+it was imported at: an edit of kiln, or a library upgraded in place, makes it stale, and a
+stale server answers no one and exits.
+
+Note: what it imports beyond the stages' own code is learned: a worker appends the library
+modules (from site-packages or the standard library, never the model's own folder) that it had
+to import itself, and the idle server imports them. The model's own files are never imported
+in the server, so an edit of them is always seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib
+import json
+import os
+import re
+import select
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from pipeline.stages import STAGES
+from pipeline.worker import read_line, serve_child
+
+IDLE_S = 900.0  # an unused server exits after this (KILN_SERVER_IDLE_S)
+VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_REPLY_TIMEOUT_S = 2.0
+
+
+def enabled(env: Mapping[str, str]) -> bool:
+    return env.get("KILN_SERVER", "1") != "0"
+
+
+def folder() -> Path | None:
+    """This user's folder of server sockets (short: a socket's path has a 108-byte limit), or
+    None where it is not safely this user's alone."""
+    path = Path(tempfile.gettempdir()) / f"kiln-servers-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return None
+    return path
+
+
+def server_name(env: Mapping[str, str], cwd: str, target: str) -> str:
+    """The name of the server that may serve a runner with this environment, folder and target."""
+    kept = sorted((k, v) for k, v in env.items() if k not in VOLATILE)
+    blob = json.dumps([sys.executable, cwd, target, kept])
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def connect(env: Mapping[str, str], target: str,
+            request: Mapping[str, object]) -> tuple[socket.socket, int] | None:
+    """A worker forked by this runner's server, as (its connection, its pid); None where there
+    is no server ready for this runner (then the runner starts a fresh worker)."""
+    place = folder() if enabled(env) else None
+    if place is None:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(_REPLY_TIMEOUT_S)
+        conn.connect(str(place / f"{server_name(env, os.getcwd(), target)}.sock"))
+        conn.sendall(json.dumps(dict(request)).encode() + b"\n")
+        reply = json.loads(read_line(conn) or "{}")
+        pid = int(reply["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        conn.close()
+        return None
+    conn.settimeout(None)
+    return conn, pid
+
+
+def start(env: Mapping[str, str], target: str) -> None:
+    """Start this runner's server in the background, unless it runs already (or is starting)."""
+    place = folder() if enabled(env) else None
+    if place is None:
+        return
+    name = server_name(env, os.getcwd(), target)
+    if _running(place / f"{name}.lock"):
+        return
+    with (place / f"{name}.log").open("ab") as log:
+        subprocess.Popen([sys.executable, "-m", "pipeline.server", target], env=dict(env),
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+
+
+def _running(lock: Path) -> bool:
+    """Whether a server holds this lock (it holds it from its start to its exit)."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return True  # can't tell: start none
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, target: str, place: Path) -> None:
+        self.target = target
+        self.name = server_name(os.environ, os.getcwd(), target)
+        self.sock_path = place / f"{self.name}.sock"
+        self.learned = place / f"{self.name}.learn"
+        self.files: dict[str, tuple[int, int]] = {}  # each imported module's file: (mtime_ns, size)
+        self.idle_s = float(os.environ.get("KILN_SERVER_IDLE_S", IDLE_S))
+
+    def preload(self) -> None:
+        """Every stage's entry for the target, what its preload(target) imports, and what
+        workers have learned."""
+        for stage in STAGES:
+            entry = stage.entry_for(self.target) if stage.built_for(self.target) else None
+            if entry is not None:
+                module = importlib.import_module(entry.partition(":")[0])
+                getattr(module, "preload", lambda target: None)(self.target)
+        self.learn()
+
+    def learn(self) -> None:
+        """Import the library modules workers had to import themselves, each at most once; one
+        that fails to import is taken back out of sys.modules whole."""
+        try:
+            names = self.learned.read_text().split()
+        except OSError:
+            names = []
+        for name in dict.fromkeys(names):
+            if name in sys.modules or not _MODULE_NAME.fullmatch(name):
+                continue
+            before = set(sys.modules)
+            try:
+                importlib.import_module(name)
+            except (Exception, SystemExit):  # a library's import may raise anything
+                for added in set(sys.modules) - before:
+                    del sys.modules[added]
+        self._record_files()
+
+    def _record_files(self) -> None:
+        for module in list(sys.modules.values()):
+            path = getattr(module, "__file__", None)
+            if isinstance(path, str) and path not in self.files:
+                with contextlib.suppress(OSError):
+                    info = os.stat(path)
+                    self.files[path] = (info.st_mtime_ns, info.st_size)
+
+    def stale(self) -> bool:
+        for path, seen in self.files.items():
+            try:
+                info = os.stat(path)
+            except OSError:
+                return True
+            if (info.st_mtime_ns, info.st_size) != seen:
+                return True
+        return False
+
+    def serve(self) -> int:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            self.sock_path.unlink()  # a dead server's: we hold the lock
+        listener.bind(str(self.sock_path))
+        listener.listen(64)
+        inode = self.sock_path.stat().st_ino
+        # Note: children are reaped by the kernel; each resets this before it runs a stage,
+        # whose subprocesses must be waited for as usual.
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        last = time.monotonic()
+        try:
+            while True:
+                ready, _, _ = select.select([listener], [], [], 1.0)
+                if not ready:
+                    if time.monotonic() - last > self.idle_s or not _still_ours(self.sock_path, inode):
+                        return 0
+                    self.learn()
+                    continue
+                conn, _ = listener.accept()
+                last = time.monotonic()
+                if self.stale():
+                    conn.close()
+                    return 0
+                self._fork(listener, conn)
+        finally:
+            if _still_ours(self.sock_path, inode):
+                self.sock_path.unlink()
+
+    def _fork(self, listener: socket.socket, conn: socket.socket) -> None:
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = 1
+            try:
+                code = serve_child(conn, self.learned, library_folders())
+            finally:
+                os._exit(code)
+        conn.close()
+
+
+def library_folders() -> tuple[str, ...]:
+    """Where libraries live (site-packages, the standard library): what a server may import."""
+    paths = sysconfig.get_paths()
+    return tuple(sorted({os.path.realpath(paths[key]) + os.sep for key in ("purelib", "platlib", "stdlib")}))
+
+
+def _still_ours(path: Path, inode: int) -> bool:
+    try:
+        return path.stat().st_ino == inode
+    except OSError:
+        return False
+
+
+def main(argv: list[str]) -> int:
+    target = argv[0]
+    place = folder()
+    if place is None:
+        return 0
+    name = server_name(os.environ, os.getcwd(), target)
+    lock = os.open(place / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another server for this runner is starting or running
+    server = Server(target, place)
+    server.preload()
+    if threading.active_count() > 1:
+        # Note: a fork copies only the forking thread, so a Python thread (holding the GIL or a
+        # lock at the fork) could leave the child stuck. Native pools started by imports (an
+        # idle OpenBLAS pool, torch's) are what DataLoader's fork-based workers live with too.
+        print("kiln server: not serving: an import started a Python thread", file=sys.stderr)
+        return 0
+    return server.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -37,6 +37,7 @@ class Outcome:
     notes: dict[str, Any]
     peak_rss: int | None
     warnings: tuple[str, ...] = ()
+    served: bool = False  # ran in a worker the stage server forked (pipeline/server.py)
 
 
 @dataclass(frozen=True)

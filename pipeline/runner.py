@@ -55,6 +55,7 @@ class StageRow:
     start: float = 0.0
     note: str = ""
     beside: bool = False  # ran beside the chain (weights), overlapping the stages after it
+    served: bool = False  # ran in a worker the stage server forked, its imports done (pipeline/server.py)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -319,8 +320,9 @@ class Runner:
         self.records.set("parts", f"{self.id}/{stage.name}", dict(entry.meta.get("parts", begun.parts)))
         seconds = (end or time.perf_counter()) - begun.start
         summary = str(entry.meta.get("notes", {}).get("summary", ""))
+        served = status == "ran" and begun.outcome is not None and begun.outcome.served
         row = StageRow(stage.name, status, seconds, entry.size, rss, entry.key, begun.start - self._t0,
-                       summary, beside=ended is not None)
+                       summary, beside=ended is not None, served=served)
         self.display.finished(row.stage, row.status, row.seconds)
         if status == "ran":
             row.note = "; ".join(filter(None, [row.note, self.executor.note(stage.name)]))

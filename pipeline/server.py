@@ -60,6 +60,7 @@ IDLE_S = 900.0  # an unused server exits after this (KILN_SERVER_IDLE_S)
 VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _REPLY_TIMEOUT_S = 2.0
+_MAX_FOLDER_CHARS = 70  # a socket's path: the folder, a 24-character name and ".sock", under 108 bytes
 
 
 def enabled(env: Mapping[str, str]) -> bool:
@@ -75,7 +76,7 @@ def folder() -> Path | None:
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         return None
-    return path
+    return path if len(str(path)) < _MAX_FOLDER_CHARS else None
 
 
 def server_name(env: Mapping[str, str], cwd: str, target: str) -> str:

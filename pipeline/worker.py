@@ -28,6 +28,7 @@ from contract.job import StageJob
 StageFn = Callable[[StageJob], Mapping[str, Any]]
 
 _PR_SET_PDEATHSIG = 1
+_served = False  # this worker was forked by the stage server (serve_child)
 
 
 def load_entry(entry: str) -> StageFn:
@@ -65,7 +66,8 @@ def run_control(control: Path) -> int:
         sys.path.append(job.project_root)
     try:
         notes = dict(load_entry(job.entry)(job))
-        result = {"ok": True, "notes": notes, "peak_rss": peak_rss_self(), "warnings": job.warnings}
+        result = {"ok": True, "notes": notes, "peak_rss": peak_rss_self(), "warnings": job.warnings,
+                  "served": _served}
     except KilnError as err:
         result = {"ok": False, "error": {**err.to_json(), "detail": err.detail}}
     except Exception as err:
@@ -117,6 +119,8 @@ def serve_child(conn: socket.socket, learned: Path, libraries: tuple[str, ...]) 
     if not control:
         return 0
     threading.Thread(target=_lifeline, args=(conn,), daemon=True).start()
+    global _served
+    _served = True
     code = run_control(Path(control))
     _append_libraries(learned, set(sys.modules) - before, libraries)
     sys.stdout.flush()

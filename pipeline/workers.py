@@ -139,4 +139,5 @@ def _read_result(stage: str, control: Path, log_file: Path) -> Outcome:
     if not result["ok"]:
         err = result["error"]
         raise KilnError(err["message"], err.get("hint", "")).with_detail(err.get("detail", ""))
-    return Outcome(result["notes"], result["peak_rss"], tuple(result.get("warnings", ())))
+    return Outcome(result["notes"], result["peak_rss"], tuple(result.get("warnings", ())),
+                   bool(result.get("served")))

@@ -1,0 +1,106 @@
+"""The stage server (pipeline/server.py): a compile after the first runs its stages in workers
+forked from a resident process, and builds exactly what fresh workers build; a server whose
+imported files changed serves no one; a served worker ends with its runner's connection."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline import server
+from pipeline.warm import ServedProc, start_worker, worker_env
+from tests.conftest import kiln, write_config
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The server on, its sockets in a short folder of this test's own; removing the folder at
+    the end makes the test's server exit (it watches its socket)."""
+    folder = Path(tempfile.mkdtemp(prefix="ks", dir="/tmp"))
+    monkeypatch.setenv("KILN_SERVER", "1")
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait_for_socket(folder: Path, timeout: float = 180.0) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = list(folder.glob("kiln-servers-*/*.sock"))
+        if found:
+            return found[0]
+        time.sleep(0.2)
+    logs = "\n".join(p.read_text() for p in folder.glob("kiln-servers-*/*.log"))
+    raise AssertionError(f"no stage server started:\n{logs}")
+
+
+def _rows(out: Path) -> dict[str, dict[str, object]]:
+    return {row["stage"]: row for row in json.loads((out / "report.json").read_text())["stages"]}
+
+
+def test_an_edit_after_the_first_compile_runs_in_served_workers_and_builds_the_same(
+        project: Path, tmp_path: Path, served: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = project / "configs" / "toy.toml"
+    kiln(["compile", str(config), "--target", "cpu", "--out", str(tmp_path / "first")], tmp_path / "cache",
+         cwd=project)
+    assert not any(row["served"] for row in _rows(tmp_path / "first").values())
+    _wait_for_socket(served)
+    write_config(project, "toy", width=24)
+    kiln(["compile", str(config), "--target", "cpu", "--out", str(tmp_path / "edit")], tmp_path / "cache",
+         cwd=project)
+    ran = {name: row for name, row in _rows(tmp_path / "edit").items() if row["status"] == "ran"}
+    assert ran
+    assert all(row["served"] for row in ran.values()), ran
+    monkeypatch.setenv("KILN_SERVER", "0")  # the same edit built by fresh workers, in a cache of its own
+    kiln(["compile", str(config), "--target", "cpu", "--out", str(tmp_path / "fresh")], tmp_path / "cache2",
+         cwd=project)
+    fresh = _rows(tmp_path / "fresh")
+    assert not any(row["served"] for row in fresh.values())
+    assert {name: row["key"] for name, row in ran.items()} == {name: fresh[name]["key"] for name in ran}
+    for name in ("model.so", "weights.safetensors"):
+        assert (tmp_path / "edit" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
+
+
+def test_a_served_worker_ends_when_its_runners_connection_does(tmp_path: Path, served: Path) -> None:
+    server.start(worker_env(), "cpu")
+    _wait_for_socket(served)
+    worker = start_worker("tasks.trace.stage:run", "cpu", tmp_path / "log.txt")
+    assert isinstance(worker.proc, ServedProc)
+    pid = worker.proc.pid
+    assert Path(f"/proc/{pid}").exists()
+    worker.proc.conn.close()  # as a runner killed with -9 would
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_server_whose_imported_files_changed_is_stale(tmp_path: Path) -> None:
+    module = tmp_path / "library.py"
+    module.write_text("x = 1\n")
+    found = server.Server("cpu", tmp_path)
+    found.files = {str(module): (module.stat().st_mtime_ns, module.stat().st_size)}
+    assert not found.stale()
+    module.write_text("x = 22\n")
+    assert found.stale()
+    module.unlink()
+    assert found.stale()
+
+
+def test_no_server_where_it_is_turned_off_or_its_folder_is_not_this_users_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert server.connect({"KILN_SERVER": "0"}, "cpu", {}) is None
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    (tmp_path / f"kiln-servers-{os.getuid()}").mkdir(mode=0o777)
+    os.chmod(tmp_path / f"kiln-servers-{os.getuid()}", 0o777)
+    assert server.folder() is None
+    assert server.connect({"KILN_SERVER": "1"}, "cpu", {}) is None

@@ -38,6 +38,9 @@ class StageJob:
     live: Any = field(default=None, compare=False)
     # Where a stage in a worker process reports progress for the live display ("" in process).
     progress_file: str = field(default="", compare=False)
+    # Where a worker lists the library modules it imported, for the stage server to import ahead
+    # of the next compile's workers (pipeline/server.py); "" where there is no server.
+    learn_file: str = field(default="", compare=False)
     # The running compile's lease (cache/leases.py): the items the stage reads and writes join it.
     lease: str = field(default="", compare=False)
     # What the stage's item cache warned about (a corrupt item recomputed), for the runner to show.

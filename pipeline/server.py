@@ -46,7 +46,6 @@ import socket
 import stat
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -60,6 +59,10 @@ IDLE_S = 900.0  # an unused server exits after this (KILN_SERVER_IDLE_S)
 VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _REPLY_TIMEOUT_S = 2.0
+# Note: a compile asks for its workers in a burst; the server imports what they learned only once
+# none has been asked for a while, so its imports neither delay a request nor share the cores with
+# the compile that asked.
+_LEARN_AFTER_S = 5.0
 _MAX_FOLDER_CHARS = 70  # a socket's path: the folder, a 24-character name and ".sock", under 108 bytes
 
 
@@ -107,6 +110,12 @@ def connect(env: Mapping[str, str], target: str,
     return conn, pid
 
 
+def learn_file(env: Mapping[str, str], target: str) -> Path | None:
+    """Where this runner's workers list the library modules they imported, for its server."""
+    place = folder() if enabled(env) else None
+    return None if place is None else place / f"{server_name(env, os.getcwd(), target)}.learn"
+
+
 def start(env: Mapping[str, str], target: str) -> None:
     """Start this runner's server in the background, unless it runs already (or is starting)."""
     place = folder() if enabled(env) else None
@@ -146,6 +155,7 @@ class Server:
         self.sock_path = place / f"{self.name}.sock"
         self.learned = place / f"{self.name}.learn"
         self.files: dict[str, tuple[int, int]] = {}  # each imported module's file: (mtime_ns, size)
+        self.failed: set[str] = set()  # learned modules that would not import here: not tried again
         self.idle_s = float(os.environ.get("KILN_SERVER_IDLE_S", IDLE_S))
 
     def preload(self) -> None:
@@ -166,12 +176,13 @@ class Server:
         except OSError:
             names = []
         for name in dict.fromkeys(names):
-            if name in sys.modules or not _MODULE_NAME.fullmatch(name):
+            if name in sys.modules or name in self.failed or not _MODULE_NAME.fullmatch(name):
                 continue
             before = set(sys.modules)
             try:
                 importlib.import_module(name)
             except (Exception, SystemExit):  # a library's import may raise anything
+                self.failed.add(name)
                 for added in set(sys.modules) - before:
                     del sys.modules[added]
         self._record_files()
@@ -209,13 +220,15 @@ class Server:
             while True:
                 ready, _, _ = select.select([listener], [], [], 1.0)
                 if not ready:
-                    if time.monotonic() - last > self.idle_s or not _still_ours(self.sock_path, inode):
+                    quiet = time.monotonic() - last
+                    if quiet > self.idle_s or not _still_ours(self.sock_path, inode):
                         return 0
-                    self.learn()
+                    if quiet > _LEARN_AFTER_S:
+                        self.learn()
                     continue
                 conn, _ = listener.accept()
                 last = time.monotonic()
-                if self.stale():
+                if self.stale() or threading.active_count() > 1:  # see main() on threads
                     conn.close()
                     return 0
                 self._fork(listener, conn)
@@ -229,16 +242,10 @@ class Server:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             code = 1
             try:
-                code = serve_child(conn, self.learned, library_folders())
+                code = serve_child(conn)
             finally:
                 os._exit(code)
         conn.close()
-
-
-def library_folders() -> tuple[str, ...]:
-    """Where libraries live (site-packages, the standard library): what a server may import."""
-    paths = sysconfig.get_paths()
-    return tuple(sorted({os.path.realpath(paths[key]) + os.sep for key in ("purelib", "platlib", "stdlib")}))
 
 
 def _still_ours(path: Path, inode: int) -> bool:

@@ -16,6 +16,7 @@ import resource
 import signal
 import socket
 import sys
+import sysconfig
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -57,8 +58,9 @@ def main(control: Path) -> int:
     return run_control(control)
 
 
-def run_control(control: Path) -> int:
-    """Run the job in `control` and write its result.json; 0 if the stage ended well."""
+def run_control(control: Path, preloaded: frozenset[str] = frozenset()) -> int:
+    """Run the job in `control` and write its result.json; 0 if the stage ended well. The library
+    modules it imported beyond `preloaded` are listed in the job's learn file."""
     job = StageJob.from_json((control / "job.json").read_text())
     if job.project_root not in sys.path:
         # Note: after kiln's own packages: an in-memory model's root is the folder of the user's
@@ -77,6 +79,8 @@ def run_control(control: Path) -> int:
     tmp = control / "result.json.tmp"
     tmp.write_text(json.dumps(result, sort_keys=True))
     tmp.replace(control / "result.json")
+    if job.learn_file:
+        _append_libraries(Path(job.learn_file), set(sys.modules) - preloaded)
     return 0 if result["ok"] else 1
 
 
@@ -101,7 +105,7 @@ def warm_main(entry: str, target: str) -> int:
     return main(Path(control))
 
 
-def serve_child(conn: socket.socket, learned: Path, libraries: tuple[str, ...]) -> int:
+def serve_child(conn: socket.socket) -> int:
     """A worker forked by the stage server (pipeline/server.py), its imports done: it takes the
     runner's request (its log file and environment), says its pid, runs the control folder the
     runner then sends, and sends its exit status. It exits when the connection ends first (the
@@ -113,7 +117,7 @@ def serve_child(conn: socket.socket, learned: Path, libraries: tuple[str, ...]) 
     os.close(log)
     os.environ.clear()
     os.environ.update(request["env"])
-    before = set(sys.modules)
+    preloaded = frozenset(sys.modules)
     conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
     control = read_line(conn)
     if not control:
@@ -121,8 +125,7 @@ def serve_child(conn: socket.socket, learned: Path, libraries: tuple[str, ...]) 
     threading.Thread(target=_lifeline, args=(conn,), daemon=True).start()
     global _served
     _served = True
-    code = run_control(Path(control))
-    _append_libraries(learned, set(sys.modules) - before, libraries)
+    code = run_control(Path(control), preloaded)
     sys.stdout.flush()
     sys.stderr.flush()
     conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
@@ -148,17 +151,27 @@ def _lifeline(conn: socket.socket) -> None:
     os._exit(1)
 
 
-def _append_libraries(learned: Path, names: set[str], libraries: tuple[str, ...]) -> None:
-    """The library modules this worker imported that its server had not: the server imports them
-    when idle. Never the model's own files, nor kiln's (only site-packages and the stdlib)."""
-    found = []
-    for name in sorted(names):
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if isinstance(path, str) and os.path.realpath(path).startswith(libraries):
-            found.append(name)
-    if found:
-        with contextlib.suppress(OSError), learned.open("a") as out:
-            out.write("".join(f"{name}\n" for name in found))
+def _append_libraries(learned: Path, names: set[str]) -> None:
+    """The library modules among `names` that the learn file does not list yet: the server
+    imports them when idle. Never the model's own files, nor kiln's (only site-packages and the
+    standard library). Appended in one write; a server skips a line it cannot read."""
+    libraries = library_folders()
+    with contextlib.suppress(OSError):
+        listed = set(learned.read_text().split()) if learned.is_file() else set()
+        found = []
+        for name in sorted(names - listed):
+            path = getattr(sys.modules.get(name), "__file__", None)
+            if isinstance(path, str) and os.path.realpath(path).startswith(libraries):
+                found.append(name)
+        if found:
+            with learned.open("a") as out:
+                out.write("".join(f"{name}\n" for name in found))
+
+
+def library_folders() -> tuple[str, ...]:
+    """Where libraries live (site-packages, the standard library): what a server may import."""
+    paths = sysconfig.get_paths()
+    return tuple(sorted({os.path.realpath(paths[key]) + os.sep for key in ("purelib", "platlib", "stdlib")}))
 
 
 if __name__ == "__main__":

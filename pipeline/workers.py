@@ -85,7 +85,8 @@ def _in_worker(job: StageJob, folder: Path, on_progress: Progress | None,
     control = folder.parent / f"{folder.name}.job"
     try:
         control.mkdir()
-        job = replace(job, progress_file=str(control / "progress.json"))
+        learn = server.learn_file(worker_env(), job.target)
+        job = replace(job, progress_file=str(control / "progress.json"), learn_file=str(learn or ""))
         (control / "job.json").write_text(job.to_json())
         if warm is None:
             warm = start_worker(job.entry, job.target, control / "log.txt")

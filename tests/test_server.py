@@ -64,7 +64,8 @@ def test_an_edit_after_the_first_compile_runs_in_served_workers_and_builds_the_s
          cwd=project)
     fresh = _rows(tmp_path / "fresh")
     assert not any(row["served"] for row in fresh.values())
-    assert {name: row["key"] for name, row in ran.items()} == {name: fresh[name]["key"] for name in ran}
+    assert {name: row["key"] for name, row in ran.items()} == {name: fresh[name]["key"] for name in ran}, \
+        [(name, row["key"], fresh[name]["key"]) for name, row in ran.items()]
     for name in ("model.so", "weights.safetensors"):
         assert (tmp_path / "edit" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
 

@@ -1,12 +1,24 @@
 """What a trace read: the model's own source files and the packages (with versions) it
-imported, collected from sys.modules after the export (a depfile)."""
+imported, collected after the export (a depfile).
+
+Note: the packages are those the model's own files import (each import statement they run,
+recorded while the trace runs), with everything those packages require, by their installed
+metadata: never "what this process loaded during the trace", which depends on what the process
+had loaded before it. A worker forked by the stage server (pipeline/server.py) has transformers
+loaded already, a fresh one does not, and both must write the same depfile and sources.json.
+"""
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import importlib.metadata
+import re
 import sys
 import sysconfig
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from cache.hashing import digest_file
@@ -15,30 +27,80 @@ from contract.config import KILN_PACKAGES, PROJECT_ROOT
 # codedeps: kiln's own folders, to leave their files out of the depfile (read by no one)
 _KILN_OWN = tuple(PROJECT_ROOT / d for d in KILN_PACKAGES)
 _PACKAGE_DIRS = {"site-packages", "dist-packages"}
+_STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
-def collect(project_root: Path, imported_before: set[str]) -> dict[str, Any]:
-    """Project files among all loaded modules; packages among those the trace imported.
+@contextlib.contextmanager
+def recording_imports() -> Iterator[set[str]]:
+    """The top-level names that files outside kiln, site-packages and the standard library (the
+    model's) import while the block runs, cached modules included."""
+    requested: set[str] = set()
+    real = builtins.__import__
 
-    Note: packages already loaded before the trace (kiln's own dependencies, torch) are left
-    out so that upgrading, say, rich does not retrace every model; torch's version is an
-    environment part of the key anyway.
+    def record(name: str, globals: Mapping[str, object] | None = None,
+               locals: Mapping[str, object] | None = None, fromlist: Sequence[str] | None = (),
+               level: int = 0) -> ModuleType:
+        if level == 0 and globals is not None and _is_model_file(globals.get("__file__")):
+            requested.add(name.partition(".")[0])
+        return real(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = record
+    try:
+        yield requested
+    finally:
+        builtins.__import__ = real
+
+
+def collect(project_root: Path, imported: set[str]) -> dict[str, Any]:
+    """Project files among all loaded modules; the packages providing `imported` (the model's
+    imports, recording_imports) and every package they require, with their versions.
+
+    Note: torch comes in when the model imports it; its version is an environment part of the
+    key anyway. Kiln's own dependencies (rich, say) come in only when the model uses them.
     """
-    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    top_to_dists = importlib.metadata.packages_distributions()
     files: dict[str, str] = {}
-    dists: set[str] = set()
-    for name, module in list(sys.modules.items()):
+    for module in list(sys.modules.values()):
         path = _module_path(module)
-        if path is None or path.is_relative_to(stdlib):
-            continue
-        if _PACKAGE_DIRS.intersection(path.parts):
-            if name not in imported_before:
-                    dists.update(top_to_dists.get(name.split(".")[0], []))
-        elif not any(path.is_relative_to(own) for own in _KILN_OWN):
+        if path is not None and _is_model_path(path):
             files[_relative(path, project_root)] = digest_file(path)[:16]
+    top_to_dists = importlib.metadata.packages_distributions()
+    dists = _required_closure({d for name in imported for d in top_to_dists.get(name, [])})
     packages = {d: importlib.metadata.version(d) for d in sorted(dists)}
     return {"files": dict(sorted(files.items())), "packages": packages}
+
+
+def _required_closure(dists: set[str]) -> set[str]:
+    """The distributions and, transitively, the installed ones they require (extras left out)."""
+    found: dict[str, str] = {}  # normalized name -> the name it is installed under
+    todo = sorted(dists)
+    while todo:
+        name = todo.pop()
+        try:
+            meta = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        key = _normalized(meta.metadata["Name"])
+        if key in found:
+            continue
+        found[key] = meta.metadata["Name"]
+        for requirement in meta.requires or []:
+            if not re.search(r"\bextra\s*==", requirement):
+                todo.append(re.split(r"[\s<>=!~;\[(]", requirement.strip(), maxsplit=1)[0])
+    return set(found.values())
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _is_model_file(file: object) -> bool:
+    return isinstance(file, str) and file.endswith(".py") and _is_model_path(Path(file).resolve())
+
+
+def _is_model_path(path: Path) -> bool:
+    """A file of the model's own: not kiln's, not the standard library's, not a package's."""
+    return not (path.is_relative_to(_STDLIB) or _PACKAGE_DIRS.intersection(path.parts)
+                or any(path.is_relative_to(own) for own in _KILN_OWN))
 
 
 def _module_path(module: Any) -> Path | None:

@@ -8,7 +8,6 @@ the weights stage makes the weights file. A model that cannot be built so is bui
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -33,15 +32,16 @@ SOURCES = "sources.json"
 
 def run(job: StageJob) -> Mapping[str, Any]:
     root = Path(job.project_root)
-    imported_before = set(sys.modules)
     seconds: dict[str, float] = {}
     notes: dict[str, Any] = {}
     if job.live is not None:
         module, args = job.live.module, job.live.args
         exported = _timed(seconds, "export", lambda: export_only(module, args, job.model, root,
                                                                     job.warnings.append))
+        imported: set[str] = set()
     else:
-        module, exported = _export_config_model(job, root, seconds, notes)
+        with deps.recording_imports() as imported:
+            module, exported = _export_config_model(job, root, seconds, notes)
     program = _timed(seconds, "decompositions", lambda: decompose(exported, job.model, root))
     start = time.perf_counter()
     out = job.out_dir
@@ -55,7 +55,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     notes |= {"nodes": len(program.graph.nodes), "seconds": {k: round(v, 3) for k, v in seconds.items()}}
     sources: dict[str, Any] = {}
     if job.live is None:
-        notes["depfile"] = deps.collect(root, imported_before)
+        notes["depfile"] = deps.collect(root, imported)
         # what the weights stage's init runs: the model's files (by content, never by path)
         depfile = notes["depfile"]
         sources = {"files": sorted(depfile["files"].values()), "packages": depfile["packages"]}

@@ -38,10 +38,11 @@ def stage_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def stage_summary(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per stage: its status (ran, hit, cutoff, ...) and seconds."""
+    """Per stage: its status (ran, hit, cutoff, ...), seconds, note and whether it ran in a worker
+    the stage server forked."""
     rows = stage_rows(report)
-    return {name: {"status": row["status"], "seconds": row["seconds"], "note": row.get("note", "")}
-            for name, row in rows.items()}
+    return {name: {"status": row["status"], "seconds": row["seconds"], "note": row.get("note", ""),
+                   "served": bool(row.get("served"))} for name, row in rows.items()}
 
 
 def stage_seconds(report: dict[str, Any]) -> dict[str, float]:

@@ -239,6 +239,13 @@ def machine_job(spec: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
 JOBS: dict[str, Job] = {"machine": machine_job, "compile": compile_job, "latency": latency_job,
                         "checkpoint": checkpoint_job, "layer-knob": layer_knob_job}
 
@@ -264,9 +271,3 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"

@@ -10,6 +10,7 @@ import functools
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,10 +20,16 @@ TARGETS = ("cpu", "cuda")
 
 
 def package_version(dist: str) -> str:
+    """The installed version of a distribution, or "absent".
+
+    Note: its METADATA's Version line, read by a regex: importlib's version() parses the whole
+    file as an email message, and a no-op compile asks for some fifty of them."""
     try:
-        return importlib.metadata.version(dist)
+        found = importlib.metadata.distribution(dist)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
+    version = re.search(r"^Version:[ \t]*(\S+)", found.read_text("METADATA") or "", re.MULTILINE)
+    return version.group(1) if version else found.version
 
 
 def gpu_visible() -> bool:

@@ -1,25 +1,22 @@
 """What a trace read: the model's own source files and the packages (with versions) it
 imported, collected after the export (a depfile).
 
-Note: the packages are those the model's own files import (each import statement they run,
-recorded while the trace runs), with everything those packages require, by their installed
-metadata: never "what this process loaded during the trace", which depends on what the process
-had loaded before it. A worker forked by the stage server (pipeline/server.py) has transformers
-loaded already, a fresh one does not, and both must write the same depfile and sources.json.
+Note: the packages are those the model's own files import (every import statement in their
+source), with everything those packages require, by their installed metadata: never "what this
+process loaded during the trace", which depends on what the process had loaded before it. A
+worker forked by the stage server (pipeline/server.py) has transformers loaded already, a fresh
+one does not, and both must write the same depfile and sources.json.
 """
 
 from __future__ import annotations
 
-import builtins
-import contextlib
-import functools
+import ast
 import importlib.metadata
 import re
 import sys
 import sysconfig
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from cache.hashing import digest_file
@@ -31,45 +28,49 @@ _PACKAGE_DIRS = {"site-packages", "dist-packages"}
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
-@contextlib.contextmanager
-def recording_imports() -> Iterator[set[str]]:
-    """The top-level names that files outside kiln, site-packages and the standard library (the
-    model's) import while the block runs, cached modules included."""
-    requested: set[str] = set()
-    real = builtins.__import__
-
-    def record(name: str, globals: Mapping[str, object] | None = None,
-               locals: Mapping[str, object] | None = None, fromlist: Sequence[str] | None = (),
-               level: int = 0) -> ModuleType:
-        if level == 0 and globals is not None and _is_model_file(globals.get("__file__")):
-            requested.add(name.partition(".")[0])
-        return real(name, globals, locals, fromlist, level)
-
-    builtins.__import__ = record
-    try:
-        yield requested
-    finally:
-        builtins.__import__ = real
-
-
-def collect(project_root: Path, imported: set[str]) -> dict[str, Any]:
-    """Project files among all loaded modules; the packages providing `imported` (the model's
-    imports, recording_imports) and every package they require, with their versions.
+def collect(project_root: Path) -> dict[str, Any]:
+    """Project files among all loaded modules; the packages those files import (any import
+    statement in them, by their source) and every package those require, with versions.
 
     Note: torch comes in when the model imports it; its version is an environment part of the
-    key anyway. Kiln's own dependencies (rich, say) come in only when the model uses them.
+    key anyway. Kiln's own dependencies (rich, say) come in only when the model's packages
+    require them.
     """
-    files: dict[str, str] = {}
+    paths: list[Path] = []
     for module in list(sys.modules.values()):
         path = _module_path(module)
         if path is not None and _is_model_path(path):
-            files[_relative(path, project_root)] = digest_file(path)[:16]
-    dists = _required_closure({d for name in imported for d in _providers(name)})
+            paths.append(path)
+    files = {_relative(path, project_root): digest_file(path)[:16] for path in paths}
+    imported = set().union(*(_imports_of(path) for path in paths)) - _not_packages(paths)
+    mapping: list[Mapping[str, list[str]]] = []  # every distribution's modules, made at most once
+    dists = _required_closure({d for name in sorted(imported) for d in _providers(name, mapping)})
     packages = {d: importlib.metadata.version(d) for d in sorted(dists)}
     return {"files": dict(sorted(files.items())), "packages": packages}
 
 
-def _providers(name: str) -> list[str]:
+def _not_packages(paths: list[Path]) -> set[str]:
+    """Names no package provides: the standard library's, and the model's own modules."""
+    own = {path.stem for path in paths} | {path.parent.name for path in paths if path.name == "__init__.py"}
+    return set(sys.stdlib_module_names) | set(sys.builtin_module_names) | own
+
+
+def _imports_of(path: Path) -> set[str]:
+    """The top-level names a source file imports absolutely, wherever the statement is."""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names
+
+
+def _providers(name: str, mapping: list[Mapping[str, list[str]]]) -> list[str]:
     """The installed distributions that provide the top-level module `name`.
 
     Note: most are named as their module (torch, transformers), and one distribution's RECORD says
@@ -82,7 +83,9 @@ def _providers(name: str) -> list[str]:
             return [name]
     except importlib.metadata.PackageNotFoundError:
         pass
-    return importlib.metadata.packages_distributions().get(name, [])
+    if not mapping:
+        mapping.append(importlib.metadata.packages_distributions())
+    return mapping[0].get(name, [])
 
 
 def _required_closure(dists: set[str]) -> set[str]:
@@ -107,16 +110,6 @@ def _required_closure(dists: set[str]) -> set[str]:
 
 def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _is_model_file(file: object) -> bool:
-    return isinstance(file, str) and _is_model_source(file)
-
-
-@functools.cache
-def _is_model_source(file: str) -> bool:
-    """Cached: an export runs import statements by the hundred thousand, from a few files."""
-    return file.endswith(".py") and _is_model_path(Path(file).resolve())
 
 
 def _is_model_path(path: Path) -> bool:

@@ -38,10 +38,8 @@ def run(job: StageJob) -> Mapping[str, Any]:
         module, args = job.live.module, job.live.args
         exported = _timed(seconds, "export", lambda: export_only(module, args, job.model, root,
                                                                     job.warnings.append))
-        imported: set[str] = set()
     else:
-        with deps.recording_imports() as imported:
-            module, exported = _export_config_model(job, root, seconds, notes)
+        module, exported = _export_config_model(job, root, seconds, notes)
     program = _timed(seconds, "decompositions", lambda: decompose(exported, job.model, root))
     start = time.perf_counter()
     out = job.out_dir
@@ -55,7 +53,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     notes |= {"nodes": len(program.graph.nodes), "seconds": {k: round(v, 3) for k, v in seconds.items()}}
     sources: dict[str, Any] = {}
     if job.live is None:
-        notes["depfile"] = deps.collect(root, imported)
+        notes["depfile"] = deps.collect(root)
         # what the weights stage's init runs: the model's files (by content, never by path)
         depfile = notes["depfile"]
         sources = {"files": sorted(depfile["files"].values()), "packages": depfile["packages"]}

@@ -106,7 +106,8 @@ class InProcessExecutor:
             self._ahead.close()
 
 
-def executor_for(store: Store, target: str, code: CodeDigest, *, in_process: bool, live: bool) -> Executor:
+def executor_for(store: Store, target: str, code: CodeDigest, *, in_process: bool, live: bool,
+                 scope: str = "") -> Executor:
     """in_process: every stage here, nothing ahead; live (an in-memory module): every stage here,
     items still built ahead; else each stage in a worker, the next one's started ahead."""
     if in_process:
@@ -115,4 +116,4 @@ def executor_for(store: Store, target: str, code: CodeDigest, *, in_process: boo
         return InProcessExecutor(Prebuilds(store), code)
     from pipeline.workers import WarmWorkerExecutor
 
-    return WarmWorkerExecutor(store, target, code)
+    return WarmWorkerExecutor(store, target, code, scope)

@@ -115,8 +115,10 @@ class Runner:
         self.entries: dict[str, Entry] = {}
         self.touched: set[str] = set()  # stages that ran, or were cut off below one that ran
         self._t0 = 0.0
-        self.executor: Executor = executor_for(
-            store, options.target, self.code, in_process=options.in_process, live=options.live is not None)
+        # Note: the stage server's scope is the model's code, not its config (pipeline/server.py)
+        scope = f"{config.project_root}:{config.field('model.factory')}"
+        self.executor: Executor = executor_for(store, options.target, self.code, scope=scope,
+                                               in_process=options.in_process, live=options.live is not None)
 
     def run(self) -> BuildResult:
         self._check_stage_names()

@@ -1,7 +1,7 @@
 """kiln's stage server: a resident process that has imported every stage's code, and the model's
 libraries, and forks each stage worker from itself, so a compile after the first pays no imports.
 
-    python -m pipeline.server TARGET      (started by a compile; nobody needs to run it by hand)
+    python -m pipeline.server TARGET SCOPE   (started by a compile; nobody needs to run it by hand)
 
 Why: a worker's first seconds are imports. Trace's are torch's and the model's libraries' (8.5 s
 of a 13.6 s trace of bert-small on 2 cores: `from transformers import BertForMaskedLM` alone
@@ -17,9 +17,12 @@ The connection is the child's lifeline: when the runner closes it or dies, the c
 Where there is no server, or it is busy starting, or it is stale, the runner starts a fresh
 worker instead, exactly as without one, and a compile that ran stages starts one for the next.
 
-Note: one server per (python, environment, working folder, target): a worker forked from it
-is the worker a fresh `python -m pipeline.worker` started by that runner would be, with its
-imports done. Only the working folder and the few variables a shell changes between commands
+Note: one server per (python, environment, working folder, target, model code): a worker forked
+from it is the worker a fresh `python -m pipeline.worker` started by that runner would be, with
+its imports done. The model code (its project and factory, not its config: an edited copy of
+a config shares the server) keeps what one model's workers taught the server out of another's:
+a library imported for one model could, by its import's side effects on torch, change another's
+trace. Only the working folder and the few variables a shell changes between commands
 (VOLATILE) are left out of the match, and the child takes the runner's values of those.
 Before each fork the server checks every module file it has imported against the size and time
 it was imported at: an edit of kiln, or a library upgraded in place, makes it stale, and a
@@ -56,6 +59,7 @@ from pipeline.stages import STAGES
 from pipeline.worker import read_line, serve_child
 
 IDLE_S = 900.0  # an unused server exits after this (KILN_SERVER_IDLE_S)
+MAX_SERVERS = 4  # a user's servers at once: a compile starts no fifth
 VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _REPLY_TIMEOUT_S = 2.0
@@ -82,14 +86,15 @@ def folder() -> Path | None:
     return path if len(str(path)) < _MAX_FOLDER_CHARS else None
 
 
-def server_name(env: Mapping[str, str], cwd: str, target: str) -> str:
-    """The name of the server that may serve a runner with this environment, folder and target."""
+def server_name(env: Mapping[str, str], cwd: str, target: str, scope: str) -> str:
+    """The name of the server that may serve a runner with this environment, folder, target and
+    model code (scope: the model's project and factory)."""
     kept = sorted((k, v) for k, v in env.items() if k not in VOLATILE)
-    blob = json.dumps([sys.executable, cwd, target, kept])
+    blob = json.dumps([sys.executable, cwd, target, scope, kept])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def connect(env: Mapping[str, str], target: str,
+def connect(env: Mapping[str, str], target: str, scope: str,
             request: Mapping[str, object]) -> tuple[socket.socket, int] | None:
     """A worker forked by this runner's server, as (its connection, its pid); None where there
     is no server ready for this runner (then the runner starts a fresh worker)."""
@@ -99,7 +104,7 @@ def connect(env: Mapping[str, str], target: str,
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(_REPLY_TIMEOUT_S)
-        conn.connect(str(place / f"{server_name(env, os.getcwd(), target)}.sock"))
+        conn.connect(str(place / f"{server_name(env, os.getcwd(), target, scope)}.sock"))
         conn.sendall(json.dumps(dict(request)).encode() + b"\n")
         reply = json.loads(read_line(conn) or "{}")
         pid = int(reply["pid"])
@@ -110,22 +115,25 @@ def connect(env: Mapping[str, str], target: str,
     return conn, pid
 
 
-def learn_file(env: Mapping[str, str], target: str) -> Path | None:
+def learn_file(env: Mapping[str, str], target: str, scope: str) -> Path | None:
     """Where this runner's workers list the library modules they imported, for its server."""
     place = folder() if enabled(env) else None
-    return None if place is None else place / f"{server_name(env, os.getcwd(), target)}.learn"
+    return None if place is None else place / f"{server_name(env, os.getcwd(), target, scope)}.learn"
 
 
-def start(env: Mapping[str, str], target: str) -> None:
-    """Start this runner's server in the background, unless it runs already (or is starting)."""
+def start(env: Mapping[str, str], target: str, scope: str) -> None:
+    """Start this runner's server in the background, unless it runs already (or is starting),
+    or this user has MAX_SERVERS running already (each holds its imports: about 1 GB)."""
     place = folder() if enabled(env) else None
     if place is None:
         return
-    name = server_name(env, os.getcwd(), target)
+    name = server_name(env, os.getcwd(), target, scope)
     if _running(place / f"{name}.lock"):
         return
+    if sum(_running(lock) for lock in place.glob("*.lock")) >= MAX_SERVERS:
+        return
     with (place / f"{name}.log").open("ab") as log:
-        subprocess.Popen([sys.executable, "-m", "pipeline.server", target], env=dict(env),
+        subprocess.Popen([sys.executable, "-m", "pipeline.server", target, scope], env=dict(env),
                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                          start_new_session=True)
 
@@ -149,9 +157,9 @@ def _running(lock: Path) -> bool:
 
 
 class Server:
-    def __init__(self, target: str, place: Path) -> None:
+    def __init__(self, target: str, scope: str, place: Path) -> None:
         self.target = target
-        self.name = server_name(os.environ, os.getcwd(), target)
+        self.name = server_name(os.environ, os.getcwd(), target, scope)
         self.sock_path = place / f"{self.name}.sock"
         self.learned = place / f"{self.name}.learn"
         self.files: dict[str, tuple[int, int]] = {}  # each imported module's file: (mtime_ns, size)
@@ -256,17 +264,17 @@ def _still_ours(path: Path, inode: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    target = argv[0]
+    target, scope = argv[0], argv[1]
     place = folder()
     if place is None:
         return 0
-    name = server_name(os.environ, os.getcwd(), target)
+    name = server_name(os.environ, os.getcwd(), target, scope)
     lock = os.open(place / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # another server for this runner is starting or running
-    server = Server(target, place)
+    server = Server(target, scope, place)
     server.preload()
     if threading.active_count() > 1:
         # Note: a fork copies only the forking thread, so a Python thread (holding the GIL or a

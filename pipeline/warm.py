@@ -128,11 +128,11 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def start_worker(entry: str, target: str, log: Path) -> WarmWorker:
+def start_worker(entry: str, target: str, log: Path, scope: str = "") -> WarmWorker:
     """A worker for a stage: forked by this runner's stage server, its imports done; or, where
     there is none ready, a fresh process that imports the stage's entry module while it waits."""
     env = worker_env()
-    served = server.connect(env, target, {"log": str(log), "env": env})
+    served = server.connect(env, target, scope, {"log": str(log), "env": env})
     if served is not None:
         return WarmWorker(ServedProc(*served), log)
     with log.open("wb") as out:
@@ -144,10 +144,10 @@ def start_worker(entry: str, target: str, log: Path) -> WarmWorker:
 class WarmWorkers:
     """At most one waiting worker per stage, for one build."""
 
-    def __init__(self, target: str, tmp: Path) -> None:
+    def __init__(self, target: str, tmp: Path, scope: str = "") -> None:
         """tmp: the store's folder of work in progress; the workers' logs go in a folder there
         that names this process, so the store's gc removes it should this process be killed."""
-        self.target = target
+        self.target, self.scope = target, scope  # scope: the stage server's (pipeline/server.py)
         self._waiting: dict[str, WarmWorker] = {}
         self._logs = tmp / f"warm-logs-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # made when needed
         self.taken: list[str] = []  # the stages that ran in a worker started ahead (for tests)
@@ -157,7 +157,8 @@ class WarmWorkers:
         if entry is None or stage.name in self._waiting:
             return
         self._logs.mkdir(parents=True, exist_ok=True)
-        self._waiting[stage.name] = start_worker(entry, self.target, self._logs / f"{stage.name}.log")
+        log = self._logs / f"{stage.name}.log"
+        self._waiting[stage.name] = start_worker(entry, self.target, log, self.scope)
 
     def take(self, stage: str) -> WarmWorker | None:
         """The stage's waiting worker, if it is still alive; it is the caller's from now on."""

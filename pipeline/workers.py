@@ -32,9 +32,10 @@ class WorkerExecutor(InProcessExecutor):
 
     overlaps = True
 
-    def __init__(self, store: Store, code: CodeDigest) -> None:
+    def __init__(self, store: Store, code: CodeDigest, scope: str = "") -> None:
         super().__init__(Prebuilds(store), code)
         self.ran = False  # whether any stage ran in a worker
+        self.scope = scope  # the stage server's: the model's project and factory (pipeline/server.py)
 
     def run(self, job: StageJob, on_progress: Progress | None = None) -> Outcome:
         return self.launch(job).wait(on_progress)
@@ -44,7 +45,7 @@ class WorkerExecutor(InProcessExecutor):
         self.ran = True
         warm = self.take_warm(job.stage)
         stop = threading.Event()
-        return Launch(lambda on_progress: run_in_worker(job, on_progress, warm, stop), stop.set)
+        return Launch(lambda on_progress: run_in_worker(job, on_progress, warm, stop, self.scope), stop.set)
 
     def take_warm(self, stage: str) -> WarmWorker | None:
         return None
@@ -53,9 +54,9 @@ class WorkerExecutor(InProcessExecutor):
 class WarmWorkerExecutor(WorkerExecutor):
     """Each stage in a worker started while the stage before it ran, its imports done."""
 
-    def __init__(self, store: Store, target: str, code: CodeDigest) -> None:
-        super().__init__(store, code)
-        self.pool = WarmWorkers(target, store.tmp)
+    def __init__(self, store: Store, target: str, code: CodeDigest, scope: str = "") -> None:
+        super().__init__(store, code, scope)
+        self.pool = WarmWorkers(target, store.tmp, scope)
 
     def prepare(self, upcoming: tuple[Stage, ...]) -> None:
         super().prepare(upcoming)
@@ -70,26 +71,26 @@ class WarmWorkerExecutor(WorkerExecutor):
         super().close()
         self.pool.close()
         if self.ran:  # the next compile's workers are forked from it (pipeline/server.py)
-            server.start(worker_env(), self.pool.target)
+            server.start(worker_env(), self.pool.target, self.scope)
 
 
 def run_in_worker(job: StageJob, on_progress: Progress | None, warm: WarmWorker | None = None,
-                  stop: threading.Event | None = None) -> Outcome:
+                  stop: threading.Event | None = None, scope: str = "") -> Outcome:
     """Run the job in `warm` (a worker started ahead of it) or in a fresh worker process; once
     `stop` is set, the worker is killed and the stage is a KilnError."""
-    return _in_worker(job, job.out_dir, on_progress, warm, stop)
+    return _in_worker(job, job.out_dir, on_progress, warm, stop, scope)
 
 
 def _in_worker(job: StageJob, folder: Path, on_progress: Progress | None,
-               warm: WarmWorker | None, stop: threading.Event | None) -> Outcome:
+               warm: WarmWorker | None, stop: threading.Event | None, scope: str) -> Outcome:
     control = folder.parent / f"{folder.name}.job"
     try:
         control.mkdir()
-        learn = server.learn_file(worker_env(), job.target)
+        learn = server.learn_file(worker_env(), job.target, scope)
         job = replace(job, progress_file=str(control / "progress.json"), learn_file=str(learn or ""))
         (control / "job.json").write_text(job.to_json())
         if warm is None:
-            warm = start_worker(job.entry, job.target, control / "log.txt")
+            warm = start_worker(job.entry, job.target, control / "log.txt", scope)
         warm.hand_over(control)
         _wait(warm.proc, control, on_progress, stop)
         return _read_result(job.stage, control, warm.log)

@@ -71,9 +71,9 @@ def test_an_edit_after_the_first_compile_runs_in_served_workers_and_builds_the_s
 
 
 def test_a_served_worker_ends_when_its_runners_connection_does(tmp_path: Path, served: Path) -> None:
-    server.start(worker_env(), "cpu")
+    server.start(worker_env(), "cpu", "a model")
     _wait_for_socket(served)
-    worker = start_worker("tasks.trace.stage:run", "cpu", tmp_path / "log.txt")
+    worker = start_worker("tasks.trace.stage:run", "cpu", tmp_path / "log.txt", "a model")
     assert isinstance(worker.proc, ServedProc)
     pid = worker.proc.pid
     assert Path(f"/proc/{pid}").exists()
@@ -87,7 +87,7 @@ def test_a_served_worker_ends_when_its_runners_connection_does(tmp_path: Path, s
 def test_a_server_whose_imported_files_changed_is_stale(tmp_path: Path) -> None:
     module = tmp_path / "library.py"
     module.write_text("x = 1\n")
-    found = server.Server("cpu", tmp_path)
+    found = server.Server("cpu", "a model", tmp_path)
     found.files = {str(module): (module.stat().st_mtime_ns, module.stat().st_size)}
     assert not found.stale()
     module.write_text("x = 22\n")
@@ -98,10 +98,20 @@ def test_a_server_whose_imported_files_changed_is_stale(tmp_path: Path) -> None:
 
 def test_no_server_where_it_is_turned_off_or_its_folder_is_not_this_users_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert server.connect({"KILN_SERVER": "0"}, "cpu", {}) is None
+    assert server.connect({"KILN_SERVER": "0"}, "cpu", "a model", {}) is None
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)
     (tmp_path / f"kiln-servers-{os.getuid()}").mkdir(mode=0o777)
     os.chmod(tmp_path / f"kiln-servers-{os.getuid()}", 0o777)
     assert server.folder() is None
-    assert server.connect({"KILN_SERVER": "1"}, "cpu", {}) is None
+    assert server.connect({"KILN_SERVER": "1"}, "cpu", "a model", {}) is None
+
+
+def test_one_server_per_model_code_whatever_the_shell_changed() -> None:
+    env = {"PATH": "/bin", "PWD": "/a", "SHLVL": "1"}
+    bert = "proj:models.hf:bert"
+    name = server.server_name(env, "/work", "cpu", bert)
+    assert server.server_name(env | {"PWD": "/b", "SHLVL": "2"}, "/work", "cpu", bert) == name
+    assert server.server_name(env, "/work", "cpu", "proj:models.hf:gpt2") != name
+    assert server.server_name(env, "/work", "cuda", bert) != name
+    assert server.server_name(env | {"PATH": "/usr/bin"}, "/work", "cpu", bert) != name

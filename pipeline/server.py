@@ -164,6 +164,7 @@ class Server:
         self.learned = place / f"{self.name}.learn"
         self.files: dict[str, tuple[int, int]] = {}  # each imported module's file: (mtime_ns, size)
         self.failed: set[str] = set()  # learned modules that would not import here: not tried again
+        self.denied = place / f"{self.name}.deny"  # modules whose import started CUDA: never again
         self.idle_s = float(os.environ.get("KILN_SERVER_IDLE_S", IDLE_S))
 
     def preload(self) -> None:
@@ -179,10 +180,8 @@ class Server:
     def learn(self) -> None:
         """Import the library modules workers had to import themselves, each at most once; one
         that fails to import is taken back out of sys.modules whole."""
-        try:
-            names = self.learned.read_text().split()
-        except OSError:
-            names = []
+        names = _words(self.learned)
+        self.failed |= set(_words(self.denied))
         for name in dict.fromkeys(names):
             if name in sys.modules or name in self.failed or not _MODULE_NAME.fullmatch(name):
                 continue
@@ -193,6 +192,10 @@ class Server:
                 self.failed.add(name)
                 for added in set(sys.modules) - before:
                     del sys.modules[added]
+            if cuda_started():  # this server is done for; the next one will not import it
+                with contextlib.suppress(OSError), self.denied.open("a") as out:
+                    out.write(f"{name}\n")
+                return
         self._record_files()
 
     def _record_files(self) -> None:
@@ -236,7 +239,7 @@ class Server:
                     continue
                 conn, _ = listener.accept()
                 last = time.monotonic()
-                if self.stale() or threading.active_count() > 1:  # see main() on threads
+                if self.stale() or threading.active_count() > 1 or cuda_started():  # see main()
                     conn.close()
                     return 0
                 self._fork(listener, conn)
@@ -254,6 +257,22 @@ class Server:
             finally:
                 os._exit(code)
         conn.close()
+
+
+def cuda_started() -> bool:
+    """Whether torch has started CUDA in this process (then no fork of it may use CUDA)."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        return bool(cuda is not None and cuda.is_initialized())
+    except Exception:  # a torch that cannot say: assume the worst
+        return True
+
+
+def _words(path: Path) -> list[str]:
+    try:
+        return path.read_text().split()
+    except OSError:
+        return []
 
 
 def _still_ours(path: Path, inode: int) -> bool:
@@ -276,6 +295,11 @@ def main(argv: list[str]) -> int:
         return 0  # another server for this runner is starting or running
     server = Server(target, scope, place)
     server.preload()
+    if cuda_started():
+        # Note: a process that has started CUDA cannot give it to a fork ("Cannot re-initialize
+        # CUDA in forked subprocess"): a server serves only while nothing it imported has.
+        print("kiln server: not serving: an import started CUDA", file=sys.stderr)
+        return 0
     if threading.active_count() > 1:
         # Note: a fork copies only the forking thread, so a Python thread (holding the GIL or a
         # lock at the fork) could leave the child stuck. Native pools started by imports (an

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -115,3 +116,19 @@ def test_one_server_per_model_code_whatever_the_shell_changed() -> None:
     assert server.server_name(env, "/work", "cpu", "proj:models.hf:gpt2") != name
     assert server.server_name(env, "/work", "cuda", bert) != name
     assert server.server_name(env | {"PATH": "/usr/bin"}, "/work", "cpu", bert) != name
+
+
+def test_a_learned_import_that_starts_cuda_is_never_imported_by_a_server_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stands in for a library whose import starts CUDA: a fork of the server could not use it."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "kiln_test_starts_cuda.py").write_text("STARTED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    monkeypatch.setattr(server, "cuda_started", lambda: "kiln_test_starts_cuda" in sys.modules)
+    first = server.Server("cuda", "a model", tmp_path)
+    first.learned.write_text("json\nkiln_test_starts_cuda\n")
+    first.learn()
+    assert first.denied.read_text().split() == ["kiln_test_starts_cuda"]
+    del sys.modules["kiln_test_starts_cuda"]
+    server.Server("cuda", "a model", tmp_path).learn()
+    assert "kiln_test_starts_cuda" not in sys.modules

@@ -55,6 +55,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from contract.facts import gpu_visible
 from pipeline.stages import STAGES
 from pipeline.worker import read_line, serve_child
 
@@ -71,7 +72,17 @@ _MAX_FOLDER_CHARS = 70  # a socket's path: the folder, a 24-character name and "
 
 
 def enabled(env: Mapping[str, str]) -> bool:
-    return env.get("KILN_SERVER", "1") != "0"
+    """Whether this runner may use a server: not where KILN_SERVER=0, and not where a GPU is
+    visible.
+
+    Note: on the GPU machine a served worker failed in torch.export with "Cannot re-initialize
+    CUDA in forked subprocess", the CPU target too, though torch.cuda.is_initialized() was false
+    in the server: an import in it had asked torch.cuda.is_available(), which calls
+    cudaGetDeviceCount and marks every later fork as unable to use CUDA. Until a server keeps its
+    forks usable there (PYTORCH_NVML_BASED_CUDA_CHECK=1 while it imports, and a probe fork that
+    checks torch.cuda._is_in_bad_fork() before it serves), it serves only machines without one.
+    """
+    return env.get("KILN_SERVER", "1") != "0" and not gpu_visible()
 
 
 def folder() -> Path | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.facts import gpu_visible
 from pipeline import server
 from pipeline.warm import ServedProc, start_worker, worker_env
 from tests.conftest import kiln, write_config
@@ -24,6 +25,8 @@ from tests.conftest import kiln, write_config
 def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The server on, its sockets in a short folder of this test's own; removing the folder at
     the end makes the test's server exit (it watches its socket)."""
+    if gpu_visible():
+        pytest.skip("the stage server is off where a GPU is visible (pipeline/server.py: enabled)")
     folder = Path(tempfile.mkdtemp(prefix="ks", dir="/tmp"))
     monkeypatch.setenv("KILN_SERVER", "1")
     monkeypatch.setenv("TMPDIR", str(folder))
@@ -100,6 +103,9 @@ def test_a_server_whose_imported_files_changed_is_stale(tmp_path: Path) -> None:
 def test_no_server_where_it_is_turned_off_or_its_folder_is_not_this_users_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert server.connect({"KILN_SERVER": "0"}, "cpu", "a model", {}) is None
+    monkeypatch.setattr(server, "gpu_visible", lambda: True)
+    assert not server.enabled({"KILN_SERVER": "1"})
+    monkeypatch.setattr(server, "gpu_visible", lambda: False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)
     (tmp_path / f"kiln-servers-{os.getuid()}").mkdir(mode=0o777)

@@ -89,9 +89,12 @@ def folder() -> Path | None:
     """This user's folder of server sockets (short: a socket's path has a 108-byte limit), or
     None where it is not safely this user's alone."""
     path = Path(tempfile.gettempdir()) / f"kiln-servers-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    info = path.lstat()
+    try:
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        info = path.lstat()
+    except OSError:  # a TMPDIR we may not write: no server, never a failed compile
+        return None
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         return None
     return path if len(str(path)) < _MAX_FOLDER_CHARS else None

@@ -111,6 +111,9 @@ def test_no_server_where_it_is_turned_off_or_its_folder_is_not_this_users_alone(
     (tmp_path / f"kiln-servers-{os.getuid()}").mkdir(mode=0o777)
     os.chmod(tmp_path / f"kiln-servers-{os.getuid()}", 0o777)
     assert server.folder() is None
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / "file"))  # not a folder
+    assert server.folder() is None
     assert server.connect({"KILN_SERVER": "1"}, "cpu", "a model", {}) is None
 
 

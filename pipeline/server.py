@@ -44,7 +44,6 @@ import json
 import os
 import re
 import select
-import signal
 import socket
 import stat
 import subprocess
@@ -52,9 +51,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from contract.config import KILN_PACKAGES, PROJECT_ROOT
 from contract.facts import gpu_visible
 from pipeline.stages import STAGES
 from pipeline.worker import read_line, serve_child
@@ -146,7 +146,7 @@ def start(env: Mapping[str, str], target: str, scope: str) -> None:
         return
     if sum(_running(lock) for lock in place.glob("*.lock")) >= MAX_SERVERS:
         return
-    with (place / f"{name}.log").open("ab") as log:
+    with contextlib.suppress(OSError), (place / f"{name}.log").open("ab") as log:  # never fails a build
         subprocess.Popen([sys.executable, "-m", "pipeline.server", target, scope], env=dict(env),
                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                          start_new_session=True)
@@ -176,37 +176,48 @@ class Server:
         self.name = server_name(os.environ, os.getcwd(), target, scope)
         self.sock_path = place / f"{self.name}.sock"
         self.learned = place / f"{self.name}.learn"
-        self.files: dict[str, tuple[int, int]] = {}  # each imported module's file: (mtime_ns, size)
-        self.failed: set[str] = set()  # learned modules that would not import here: not tried again
-        self.denied = place / f"{self.name}.deny"  # modules whose import started CUDA: never again
+        self.denied = place / f"{self.name}.deny"  # learned modules a server must not import
+        self.busy = place / f"{self.name}.busy"  # held while it imports: stages that time code wait
+        self.files: dict[str, tuple[int, ...]] = {}  # each imported module's file, as it was imported
+        self.failed: set[str] = set()
+        self.unusable = ""  # why this process may serve no more, once something made it so
+        self.children: set[int] = set()
+        self.keep_fds: list[int] = []  # the server's own (its lock): closed in every child
         self.idle_s = float(os.environ.get("KILN_SERVER_IDLE_S", IDLE_S))
+        # Note: kiln's own files are stamped before anything is imported: a file saved while the
+        # server imports it must make it stale, not be recorded as what it runs.
+        self.before = {str(path): stamp for path in _kiln_sources() if (stamp := _stamp(str(path)))}
 
     def preload(self) -> None:
         """Every stage's entry for the target, what its preload(target) imports, and what
         workers have learned."""
-        for stage in STAGES:
-            entry = stage.entry_for(self.target) if stage.built_for(self.target) else None
-            if entry is not None:
-                module = importlib.import_module(entry.partition(":")[0])
-                getattr(module, "preload", lambda target: None)(self.target)
-        self.learn()
+        with _held(self.busy):
+            for stage in STAGES:
+                entry = stage.entry_for(self.target) if stage.built_for(self.target) else None
+                if entry is not None:
+                    module = importlib.import_module(entry.partition(":")[0])
+                    getattr(module, "preload", lambda target: None)(self.target)
+            self._learn()
 
     def learn(self) -> None:
-        """Import the library modules workers had to import themselves, each at most once; one
-        that fails to import is taken back out of sys.modules whole."""
-        names = _words(self.learned)
+        with _held(self.busy):
+            self._learn()
+
+    def _learn(self) -> None:
+        """Import the library modules workers had to import themselves, in the order they did.
+        One whose import fails, starts a thread or starts CUDA is denied to every later server,
+        and this one serves no more: what it left behind cannot be undone."""
         self.failed |= set(_words(self.denied))
-        for name in dict.fromkeys(names):
+        for name in dict.fromkeys(_words(self.learned)):
             if name in sys.modules or name in self.failed or not _MODULE_NAME.fullmatch(name):
                 continue
-            before = set(sys.modules)
             try:
                 importlib.import_module(name)
-            except (Exception, SystemExit):  # a library's import may raise anything
-                self.failed.add(name)
-                for added in set(sys.modules) - before:
-                    del sys.modules[added]
-            if cuda_started():  # this server is done for; the next one will not import it
+                why = "" if threading.active_count() == 1 and not cuda_started() else "a thread or CUDA"
+            except (Exception, SystemExit) as err:  # a library's import may raise anything
+                why = f"{type(err).__name__}"
+            if why:
+                self.unusable = f"importing {name}: {why}"
                 with contextlib.suppress(OSError), self.denied.open("a") as out:
                     out.write(f"{name}\n")
                 return
@@ -216,19 +227,12 @@ class Server:
         for module in list(sys.modules.values()):
             path = getattr(module, "__file__", None)
             if isinstance(path, str) and path not in self.files:
-                with contextlib.suppress(OSError):
-                    info = os.stat(path)
-                    self.files[path] = (info.st_mtime_ns, info.st_size)
+                stamp = self.before.get(path) or _stamp(path)
+                if stamp:
+                    self.files[path] = stamp
 
     def stale(self) -> bool:
-        for path, seen in self.files.items():
-            try:
-                info = os.stat(path)
-            except OSError:
-                return True
-            if (info.st_mtime_ns, info.st_size) != seen:
-                return True
-        return False
+        return any(_stamp(path) != seen for path, seen in self.files.items())
 
     def serve(self) -> int:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -237,18 +241,18 @@ class Server:
         listener.bind(str(self.sock_path))
         listener.listen(64)
         inode = self.sock_path.stat().st_ino
-        # Note: children are reaped by the kernel; each resets this before it runs a stage,
-        # whose subprocesses must be waited for as usual.
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
         last = time.monotonic()
         try:
-            while True:
+            while not self.unusable:
                 ready, _, _ = select.select([listener], [], [], 1.0)
+                self._reap()
                 if not ready:
                     quiet = time.monotonic() - last
                     if quiet > self.idle_s or not _still_ours(self.sock_path, inode):
                         return 0
-                    if quiet > _LEARN_AFTER_S:
+                    # Note: only with no worker of its own running, so its imports never share
+                    # the cores with a stage, least of all one that times code.
+                    if quiet > _LEARN_AFTER_S and not self.children:
                         self.learn()
                     continue
                 conn, _ = listener.accept()
@@ -257,20 +261,70 @@ class Server:
                     conn.close()
                     return 0
                 self._fork(listener, conn)
+            return 0
         finally:
             if _still_ours(self.sock_path, inode):
                 self.sock_path.unlink()
 
+    def _reap(self) -> None:
+        for pid in list(self.children):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            self.children.discard(pid)
+
     def _fork(self, listener: socket.socket, conn: socket.socket) -> None:
-        if os.fork() == 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
             listener.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in self.keep_fds:
+                os.close(fd)
             code = 1
             try:
                 code = serve_child(conn)
             finally:
                 os._exit(code)
+        self.children.add(pid)
         conn.close()
+
+
+def wait_quiet(env: Mapping[str, str], target: str, scope: str, limit_s: float = 60.0) -> None:
+    """Wait (up to limit_s) while this runner's server imports, before a stage that times code."""
+    place = folder() if enabled(env) else None
+    if place is None:
+        return
+    busy = place / f"{server_name(env, os.getcwd(), target, scope)}.busy"
+    if not busy.exists():
+        return
+    deadline = time.monotonic() + limit_s
+    with contextlib.suppress(OSError), busy.open("rb") as held:
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def _held(path: Path) -> Iterator[None]:
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _stamp(path: str) -> tuple[int, ...] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def _kiln_sources() -> list[Path]:
+    return [path for package in KILN_PACKAGES for path in (PROJECT_ROOT / package).rglob("*.py")]
 
 
 def cuda_started() -> bool:
@@ -303,11 +357,10 @@ def main(argv: list[str]) -> int:
         return 0
     name = server_name(os.environ, os.getcwd(), target, scope)
     lock = os.open(place / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    if not _lock_soon(lock):
         return 0  # another server for this runner is starting or running
     server = Server(target, scope, place)
+    server.keep_fds.append(lock)
     server.preload()
     if cuda_started():
         # Note: a process that has started CUDA cannot give it to a fork ("Cannot re-initialize
@@ -320,7 +373,22 @@ def main(argv: list[str]) -> int:
         # idle OpenBLAS pool, torch's) are what DataLoader's fork-based workers live with too.
         print("kiln server: not serving: an import started a Python thread", file=sys.stderr)
         return 0
-    return server.serve()
+    code = server.serve()
+    if server.unusable:
+        print(f"kiln server: stopped serving: {server.unusable}", file=sys.stderr)
+    return code
+
+
+def _lock_soon(fd: int, tries: int = 10) -> bool:
+    """The lock, unless another holds it for a second: a runner probing it (start) holds it
+    for a moment."""
+    for _ in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
 
 
 if __name__ == "__main__":

@@ -55,11 +55,12 @@ class ServedProc:
     so a pid the kernel has given to another process since is never signalled."""
 
     def __init__(self, conn: socket.socket, pid: int) -> None:
+        """Raises OSError where the worker cannot be signalled (no pidfds here): use none."""
         self.conn, self.pid = conn, pid
         self._status: int | None = None
         try:
             self._pidfd: int | None = os.pidfd_open(pid)
-        except OSError:  # it has ended already
+        except ProcessLookupError:  # it has ended already
             self._pidfd = None
 
     @property
@@ -84,10 +85,17 @@ class ServedProc:
                 signal.pidfd_send_signal(self._pidfd, sig)
 
     def kill(self) -> None:
+        """SIGKILL, and the connection ended: a worker still waiting for its control folder
+        exits on that alone, and wait() then sees the end."""
         self.send_signal(signal.SIGKILL)
+        if self._status is None:
+            with contextlib.suppress(OSError):
+                self.conn.shutdown(socket.SHUT_RDWR)
 
     def _readable(self, timeout: float | None) -> bool:
-        return bool(select.select([self.conn], [], [], timeout)[0])
+        poller = select.poll()  # not select(): a caller's process may hold fds past 1024
+        poller.register(self.conn, select.POLLIN | select.POLLHUP | select.POLLERR)
+        return bool(poller.poll(None if timeout is None else int(timeout * 1000)))
 
     def _close(self) -> None:
         self.conn.close()
@@ -122,6 +130,12 @@ class WarmWorker:
                 self.proc.stdin.close()
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
@@ -132,9 +146,15 @@ def start_worker(entry: str, target: str, log: Path, scope: str = "") -> WarmWor
     """A worker for a stage: forked by this runner's stage server, its imports done; or, where
     there is none ready, a fresh process that imports the stage's entry module while it waits."""
     env = worker_env()
-    served = server.connect(env, target, scope, {"log": str(log), "env": env})
+    request = {"log": str(log), "env": env, "cwd": os.getcwd(), "umask": _umask(), "entry": entry,
+               "target": target, "cpus": sorted(os.sched_getaffinity(0))}
+    log.touch()  # a served worker appends to it; a crash report reads it either way
+    served = server.connect(env, target, scope, request)
     if served is not None:
-        return WarmWorker(ServedProc(*served), log)
+        try:
+            return WarmWorker(ServedProc(*served), log)
+        except OSError:
+            served[0].close()  # it exits, having touched nothing
     with log.open("wb") as out:
         cmd = [sys.executable, "-m", "pipeline.worker", "--warm", entry, target]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -107,22 +107,18 @@ def warm_main(entry: str, target: str) -> int:
 
 def serve_child(conn: socket.socket) -> int:
     """A worker forked by the stage server (pipeline/server.py), its imports done: it takes the
-    runner's request (its log file and environment), says its pid, runs the control folder the
-    runner then sends, and sends its exit status. It exits when the connection ends first (the
-    runner ended, or killed the stage)."""
+    runner's request, says its pid, and once the runner sends its control folder becomes the
+    worker that runner would have started (its log, environment, folder, umask and CPUs), runs
+    the job and sends its exit status. It exits when the connection ends first (the runner
+    ended, gave up on it, or killed the stage), having touched nothing."""
     request = json.loads(read_line(conn) or "{}")
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    os.environ.clear()
-    os.environ.update(request["env"])
     preloaded = frozenset(sys.modules)
     conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
     control = read_line(conn)
     if not control:
         return 0
     threading.Thread(target=_lifeline, args=(conn,), daemon=True).start()
+    _become(request)
     global _served
     _served = True
     code = run_control(Path(control), preloaded)
@@ -130,6 +126,21 @@ def serve_child(conn: socket.socket) -> int:
     sys.stderr.flush()
     conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
     return code
+
+
+def _become(request: dict[str, Any]) -> None:
+    """The process state a fresh worker of the requesting runner would have."""
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    os.umask(int(request["umask"]))
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, request["cpus"])
+    sys.argv = [str(Path(__file__).resolve()), "--warm", request["entry"], request["target"]]
 
 
 def read_line(conn: socket.socket) -> str:
@@ -159,7 +170,7 @@ def _append_libraries(learned: Path, names: set[str]) -> None:
     with contextlib.suppress(OSError):
         listed = set(learned.read_text().split()) if learned.is_file() else set()
         found = []
-        for name in sorted(names - listed):
+        for name in [n for n in list(sys.modules) if n in names and n not in listed]:  # import order
             path = getattr(sys.modules.get(name), "__file__", None)
             if isinstance(path, str) and os.path.realpath(path).startswith(libraries):
                 found.append(name)

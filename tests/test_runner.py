@@ -156,8 +156,8 @@ def warm_pools(monkeypatch: pytest.MonkeyPatch) -> list[WarmWorkers]:
     made: list[WarmWorkers] = []
 
     class Recording(WarmWorkers):
-        def __init__(self, target: str, tmp: Path) -> None:
-            super().__init__(target, tmp)
+        def __init__(self, target: str, tmp: Path, scope: str = "") -> None:
+            super().__init__(target, tmp, scope)
             made.append(self)
 
     monkeypatch.setattr("pipeline.workers.WarmWorkers", Recording)

@@ -92,12 +92,28 @@ def test_a_server_whose_imported_files_changed_is_stale(tmp_path: Path) -> None:
     module = tmp_path / "library.py"
     module.write_text("x = 1\n")
     found = server.Server("cpu", "a model", tmp_path)
-    found.files = {str(module): (module.stat().st_mtime_ns, module.stat().st_size)}
+    found.files = {str(module): server._stamp(str(module))}  # type: ignore[dict-item]
     assert not found.stale()
     module.write_text("x = 22\n")
     assert found.stale()
     module.unlink()
     assert found.stale()
+
+
+def test_a_kiln_file_saved_while_the_server_imports_it_makes_the_server_stale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server stamps kiln's files before it imports any: what it runs is the old file."""
+    module = tmp_path / "kiln_test_stage_code.py"
+    module.write_text("VERSION = 1\n")
+    monkeypatch.setattr(server, "_kiln_sources", lambda: [module])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = server.Server("cpu", "a model", tmp_path)
+    module.write_text("VERSION = 22\n")  # saved after the stamp, before the import
+    import kiln_test_stage_code  # type: ignore[import-not-found]  # noqa: F401
+
+    found._record_files()
+    assert found.stale()
+    del sys.modules["kiln_test_stage_code"]
 
 
 def test_no_server_where_it_is_turned_off_or_its_folder_is_not_this_users_alone(

@@ -28,31 +28,28 @@ _PACKAGE_DIRS = {"site-packages", "dist-packages"}
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
-def collect(project_root: Path) -> dict[str, Any]:
+def collect(project_root: Path, factory_module: str) -> dict[str, Any]:
     """Project files among all loaded modules; the packages those files import (any import
-    statement in them, by their source) and every package those require, with versions.
+    statement in them, by their source) and the factory's own, and every package those require
+    (extras included, where installed: a library may act on what is installed), with versions.
 
     Note: torch comes in when the model imports it; its version is an environment part of the
     key anyway. Kiln's own dependencies (rich, say) come in only when the model's packages
     require them.
     """
-    paths: list[Path] = []
-    for module in list(sys.modules.values()):
+    own: dict[str, Path] = {}  # the model's modules: name -> file
+    for name, module in list(sys.modules.items()):
         path = _module_path(module)
         if path is not None and _is_model_path(path):
-            paths.append(path)
-    files = {_relative(path, project_root): digest_file(path)[:16] for path in paths}
-    imported = set().union(*(_imports_of(path) for path in paths)) - _not_packages(paths)
+            own[name] = path
+    files = {_relative(path, project_root): digest_file(path)[:16] for path in own.values()}
+    imported = set().union(*(_imports_of(path) for path in own.values())) | {factory_module.partition(".")[0]}
+    imported -= set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+    imported -= {name.partition(".")[0] for name in own}  # the model's own modules, by name
     mapping: list[Mapping[str, list[str]]] = []  # every distribution's modules, made at most once
     dists = _required_closure({d for name in sorted(imported) for d in _providers(name, mapping)})
     packages = {d: importlib.metadata.version(d) for d in sorted(dists)}
     return {"files": dict(sorted(files.items())), "packages": packages}
-
-
-def _not_packages(paths: list[Path]) -> set[str]:
-    """Names no package provides: the standard library's, and the model's own modules."""
-    own = {path.stem for path in paths} | {path.parent.name for path in paths if path.name == "__init__.py"}
-    return set(sys.stdlib_module_names) | set(sys.builtin_module_names) | own
 
 
 def _imports_of(path: Path) -> set[str]:
@@ -89,7 +86,12 @@ def _providers(name: str, mapping: list[Mapping[str, list[str]]]) -> list[str]:
 
 
 def _required_closure(dists: set[str]) -> set[str]:
-    """The distributions and, transitively, the installed ones they require (extras left out)."""
+    """The distributions and, transitively, the installed ones they require.
+
+    Note: extras are left out: followed, transformers' reach 135 distributions and cost a
+    second. So an optional package a library uses when installed (accelerate, say) is not in
+    the key unless the model's files import it.
+    """
     found: dict[str, str] = {}  # normalized name -> the name it is installed under
     todo = sorted(dists)
     while todo:

@@ -53,7 +53,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     notes |= {"nodes": len(program.graph.nodes), "seconds": {k: round(v, 3) for k, v in seconds.items()}}
     sources: dict[str, Any] = {}
     if job.live is None:
-        notes["depfile"] = deps.collect(root)
+        notes["depfile"] = deps.collect(root, job.config["model.factory"].partition(":")[0])
         # what the weights stage's init runs: the model's files (by content, never by path)
         depfile = notes["depfile"]
         sources = {"files": sorted(depfile["files"].values()), "packages": depfile["packages"]}

@@ -55,7 +55,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from contract.config import KILN_PACKAGES, PROJECT_ROOT
-from contract.facts import gpu_visible
 from pipeline.stages import STAGES
 from pipeline.worker import read_line, serve_child
 
@@ -72,17 +71,18 @@ _MAX_FOLDER_CHARS = 70  # a socket's path: the folder, a 24-character name and "
 
 
 def enabled(env: Mapping[str, str]) -> bool:
-    """Whether this runner may use a server: not where KILN_SERVER=0, and not where a GPU is
-    visible.
+    """Whether this runner may use a server: not where KILN_SERVER=0.
 
-    Note: on the GPU machine a served worker failed in torch.export with "Cannot re-initialize
+    Note: on a GPU machine a served worker once failed in torch.export with "Cannot re-initialize
     CUDA in forked subprocess", the CPU target too, though torch.cuda.is_initialized() was false
     in the server: an import in it had asked torch.cuda.is_available(), which calls
-    cudaGetDeviceCount and marks every later fork as unable to use CUDA. Until a server keeps its
-    forks usable there (PYTORCH_NVML_BASED_CUDA_CHECK=1 while it imports, and a probe fork that
-    checks torch.cuda._is_in_bad_fork() before it serves), it serves only machines without one.
+    cudaGetDeviceCount and marks every later fork as unable to use CUDA. So a server imports
+    with PYTORCH_NVML_BASED_CUDA_CHECK=1 (torch then asks NVML, which marks nothing), and serves
+    only while a probe fork finds it can use CUDA (forks_lose_cuda). Measured on an H100 with
+    torch 2.11: after `import transformers, torchvision` and torch.cuda.is_available(), a fork
+    failed to use CUDA without the variable and ran a CUDA op with it.
     """
-    return env.get("KILN_SERVER", "1") != "0" and not gpu_visible()
+    return env.get("KILN_SERVER", "1") != "0"
 
 
 def folder() -> Path | None:
@@ -213,7 +213,7 @@ class Server:
                 continue
             try:
                 importlib.import_module(name)
-                why = "" if threading.active_count() == 1 and not cuda_started() else "a thread or CUDA"
+                why = "" if threading.active_count() == 1 and not forks_lose_cuda() else "a thread or CUDA"
             except (Exception, SystemExit) as err:  # a library's import may raise anything
                 why = f"{type(err).__name__}"
             if why:
@@ -336,6 +336,28 @@ def cuda_started() -> bool:
         return True
 
 
+def forks_lose_cuda() -> bool:
+    """Whether a fork of this process could not use CUDA: torch started it here, or something
+    asked the driver for its devices, which marks every later fork (seen from a probe fork)."""
+    if cuda_started():
+        return True
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    if cuda is None:
+        return False
+    try:
+        pid = os.fork()
+    except OSError:
+        return True
+    if pid == 0:
+        code = 1
+        try:
+            code = 1 if cuda._is_in_bad_fork() else 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status != 0
+
+
 def _words(path: Path) -> list[str]:
     try:
         return path.read_text().split()
@@ -361,11 +383,15 @@ def main(argv: list[str]) -> int:
         return 0  # another server for this runner is starting or running
     server = Server(target, scope, place)
     server.keep_fds.append(lock)
+    # Note: set after the server's name is made (the runner's environment has no such variable),
+    # so that no import here marks the forks as unable to use CUDA (see enabled).
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     server.preload()
-    if cuda_started():
-        # Note: a process that has started CUDA cannot give it to a fork ("Cannot re-initialize
-        # CUDA in forked subprocess"): a server serves only while nothing it imported has.
-        print("kiln server: not serving: an import started CUDA", file=sys.stderr)
+    if forks_lose_cuda():
+        # Note: a process that has started CUDA, or asked the driver for its devices, cannot give
+        # it to a fork ("Cannot re-initialize CUDA in forked subprocess"): a server serves only
+        # while nothing it imported has.
+        print("kiln server: not serving: an import started CUDA or marked its forks", file=sys.stderr)
         return 0
     if threading.active_count() > 1:
         # Note: a fork copies only the forking thread, so a Python thread (holding the GIL or a

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -211,19 +212,44 @@ def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, o
         return {"status": "mismatch", "error": f"returns {type(got).__name__}, eager {type(want).__name__}"} \
             | profile
     pairs = list(zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=False))
-    worst, scale = 0.0, 1.0
-    for a, b in pairs:
-        if isinstance(b, torch.Tensor) and b.numel():
-            worst = max(worst, float((a.double().to(b.device) - b.double()).abs().max()))
-            scale = max(scale, float(b.double().abs().max()))
-    relative = worst / scale
+    relative, nonfinite = compare(pairs)
     status = "ok" if relative <= TOLERANCE[dtype_name] else "mismatch"
     found = {"status": status, "relative_error": relative, "outputs": len(pairs)} | profile
+    if nonfinite:
+        found["error"] = f"eager gives {nonfinite} NaN/inf values; kiln must match them in place"
     if latency:
         with torch.no_grad():
             found |= milliseconds({"kiln": lambda: compiled(*inputs), "eager": lambda: module(*inputs)},
                                   device)
     return found
+
+
+def compare(pairs: list[tuple[Any, Any]]) -> tuple[float, int]:
+    """The largest error of kiln's outputs relative to eager's largest finite |output|, and how
+    many of eager's values are NaN or infinite.
+
+    Note: a NaN in either output must count, never vanish: max(0.0, nan) is 0.0 in Python, so a
+    model whose outputs were all NaN once read as an exact match. Non-finite values must agree
+    in place (NaN with NaN, +inf with +inf); any other disagreement is an infinite error.
+    """
+    import torch
+
+    worst, scale, nonfinite = 0.0, 1.0, 0
+    for a, b in pairs:
+        if not isinstance(b, torch.Tensor) or not b.numel():
+            continue
+        if not isinstance(a, torch.Tensor) or a.shape != b.shape:
+            return math.inf, nonfinite
+        x, y = a.detach().double().cpu(), b.detach().double().cpu()
+        finite = torch.isfinite(y)
+        nonfinite += int((~finite).sum())
+        same_nonfinite = (torch.isnan(x) & torch.isnan(y)) | (x == y)
+        if bool((~finite & ~same_nonfinite).any()) or bool((finite & ~torch.isfinite(x)).any()):
+            return math.inf, nonfinite
+        if bool(finite.any()):
+            worst = max(worst, float((x - y).abs()[finite].max()))
+            scale = max(scale, float(y.abs()[finite].max()))
+    return worst / scale, nonfinite
 
 
 def compile_profile(out: Path) -> dict[str, Any]:

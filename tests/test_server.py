@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from contract.facts import gpu_visible
 from pipeline import server
 from pipeline.warm import ServedProc, start_worker, worker_env
 from tests.conftest import kiln, write_config
@@ -25,8 +24,6 @@ from tests.conftest import kiln, write_config
 def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The server on, its sockets in a short folder of this test's own; removing the folder at
     the end makes the test's server exit (it watches its socket)."""
-    if gpu_visible():
-        pytest.skip("the stage server is off where a GPU is visible (pipeline/server.py: enabled)")
     folder = Path(tempfile.mkdtemp(prefix="ks", dir="/tmp"))
     monkeypatch.setenv("KILN_SERVER", "1")
     monkeypatch.setenv("TMPDIR", str(folder))
@@ -119,9 +116,7 @@ def test_a_kiln_file_saved_while_the_server_imports_it_makes_the_server_stale(
 def test_no_server_where_it_is_turned_off_or_its_folder_is_not_this_users_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert server.connect({"KILN_SERVER": "0"}, "cpu", "a model", {}) is None
-    monkeypatch.setattr(server, "gpu_visible", lambda: True)
-    assert not server.enabled({"KILN_SERVER": "1"})
-    monkeypatch.setattr(server, "gpu_visible", lambda: False)
+    assert server.enabled({"KILN_SERVER": "1"})
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)
     (tmp_path / f"kiln-servers-{os.getuid()}").mkdir(mode=0o777)
@@ -157,3 +152,38 @@ def test_a_learned_import_that_starts_cuda_is_never_imported_by_a_server_again(
     del sys.modules["kiln_test_starts_cuda"]
     server.Server("cuda", "a model", tmp_path).learn()
     assert "kiln_test_starts_cuda" not in sys.modules
+
+
+def test_a_server_whose_forks_could_not_use_cuda_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    assert not server.forks_lose_cuda()
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)  # as after cudaGetDeviceCount
+    assert server.forks_lose_cuda()  # seen from the probe fork
+    monkeypatch.undo()
+    monkeypatch.setattr(server, "cuda_started", lambda: True)
+    assert server.forks_lose_cuda()
+
+
+_SERVER_LIKE = """
+import os, sys
+os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+import torch
+from pipeline import server
+assert torch.cuda.is_available()
+assert not server.forks_lose_cuda(), "a fork after is_available() could not use CUDA"
+pid = os.fork()
+if pid == 0:
+    os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK")
+    os._exit(0 if float((torch.ones(4, device="cuda") * 2).sum()) == 8.0 else 3)
+sys.exit(os.waitpid(pid, 0)[1] >> 8)
+"""
+
+
+@pytest.mark.gpu
+def test_a_fork_of_a_server_that_asked_for_gpus_can_use_cuda() -> None:
+    import subprocess
+
+    found = subprocess.run([sys.executable, "-c", _SERVER_LIKE], cwd=Path(__file__).resolve().parents[1],
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert found.returncode == 0, found.stderr[-2000:]

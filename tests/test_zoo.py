@@ -63,3 +63,17 @@ def test_the_zoo_runs_one_of_each_kind_before_the_second_of_any() -> None:
               "timm:resnet18"]
     assert interleaved(models) == ["hf:bert", "timm:resnet18", "tv:resnet18", "tv:vgg11", "tv:resnet50",
                                    "tv:vgg13", "tv:resnet101"]
+
+
+def test_the_zoo_check_counts_nans_and_infs_instead_of_losing_them() -> None:
+    from scripts.zoo import compare
+
+    nan, inf = float("nan"), float("inf")
+    want = torch.tensor([1.0, 2.0, 4.0])
+    assert compare([(want + 0.04, want)]) == pytest.approx((0.01, 0))
+    assert compare([(torch.tensor([nan, nan, nan]), want)])[0] == float("inf")  # kiln gives NaN
+    assert compare([(torch.tensor([1.0, inf, 4.0]), want)])[0] == float("inf")
+    both = torch.tensor([nan, 2.0, -inf])
+    assert compare([(both.clone(), both)]) == (0.0, 2)  # non-finite where eager has it: counted
+    assert compare([(torch.tensor([nan, 2.0, inf]), both)])[0] == float("inf")
+    assert compare([(torch.ones(2), want)])[0] == float("inf")  # a shape that differs

@@ -1,7 +1,8 @@
 """The autotune stage for the cuda target: kernels.json -> tuning.json, timings.json, cubins/.
 
 With a GPU, every kernel missing from the per-kernel cache is tuned by tune.py's workers (one
-per visible GPU) and its winner's cubin kept. Without one, each kernel's default candidate is
+per visible GPU) and its winner's cubin kept; a kernel whose default is near its memory bound
+settles on it (tune.settles). Without one, each kernel's default candidate is
 compiled for the configured arch and marked untuned: a cross-compile, and what CI checks.
 
 Note: a kernel's cache item is keyed by its module's source, its candidates, the GPU's model
@@ -66,7 +67,9 @@ def run(job: StageJob) -> Mapping[str, Any]:
     if gpu == "none":
         note += f" (no GPU: default candidates for sm_{spec.arch})"
     elif len(records) > hits:
-        note += f"; tuning {seconds:.1f} s, peak {peak / 2**20:.1f} MB on {gpu}"
+        settled = sum(bool(r.extra.get("settled")) for r in records.values())
+        note += (f"; {settled} settled by their default (tune.py --full times every candidate)"
+                 f"; tuning {seconds:.1f} s, peak {peak / 2**20:.1f} MB on {gpu}")
     return {"kernels": len(records), "cached": hits, "untuned": untuned, "coverage": covered,
             "tuning_seconds": round(seconds, 3), "peak_gpu_bytes": peak, "items": used, "summary": note}
 

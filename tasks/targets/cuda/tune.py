@@ -4,8 +4,10 @@
 
 For each kernel in kernels.json, in a worker process per visible GPU: make random inputs with
 the kernel's exact shapes, strides and dtypes (integers read as indices stay in range) for that
-kernel only, run every variant in every candidate config, reject any whose outputs differ from
-the default's, time the rest and keep the fastest; free the inputs before the next kernel, so
+kernel only, run the default candidate and time it; unless it is already near what the GPU's
+memory allows (`settles`), run every other variant in every candidate config, reject any whose
+outputs differ from the default's, time the rest and keep the fastest (--full: never settle);
+free the inputs before the next kernel, so
 peak memory is the largest single kernel's working set. A candidate that fails to compile, runs
 out of resources or crashes scores infinity; a crash of the worker itself costs only that
 kernel. It never runs the model. This file imports nothing from kiln.
@@ -33,6 +35,10 @@ _TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2}
 _WORKER_TIMEOUT_S = 600
 _MAX_PRECOMPILE = 12  # processes compiling candidates beside the tuning workers
 _SLEEP_CYCLES = 200_000  # ~0.1 ms at GPU clocks: longer than the host needs to queue one launch
+_SETTLE_SLACK_S, _SETTLE_SLACK = 2e-6, 0.15  # what the default may lose to its bound, and still ship
+_PROBE_BYTES = 64 << 20  # the copy that measures bandwidth: beyond L2 (50 MB on an H100 or H200)
+_FULL = "KILN_TUNE_FULL"  # set (to 1) in the workers of `tune.py --full`
+_DECIDED = "decided"  # a folder of empty files, one per kernel a worker has decided
 
 
 def load_module(path: Path) -> ModuleType:
@@ -101,17 +107,22 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
 
     module = load_module(folder / entry["file"])
     outputs = [i for i, p in enumerate(entry["params"]) if p["role"] != "in"]
+    roles = [p["role"] for p in entry["params"]]
+    _device_limits()  # measured before the peak is reset: its buffers are freed by then
     torch.cuda.reset_peak_memory_stats()
     base = random_inputs(entry["params"], "cuda")
     inputs_bytes = sum(t.untyped_storage().nbytes() for t in base)
+    bound = bound_seconds(base, roles)
     timings: dict[str, float | None] = {}
     errors: dict[str, str] = {}
     reference: list[Any] | None = None
     compiled: dict[str, Any] = {}
-    roles = [p["role"] for p in entry["params"]]
     base = [None if role == "out" else t for t, role in zip(base, roles, strict=True)]
     tensors: list[Any] = []
+    settled = False
     for label, variant, config in candidates(entry):
+        if settled:
+            break
         fn = getattr(module, variant["function"])
         tensors = []  # the last candidate's outputs go before this one's are made
         # Note: inputs are shared, outputs fresh per candidate, and the reference outputs wait
@@ -132,10 +143,11 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
         elif not agrees(result, reference):
             timings[label], errors[label] = None, "outputs differ from the default candidate's"
             continue
-        timings[label] = seconds(compiled[label], entry, variant, tensors, config)
+        timings[label] = took = seconds(compiled[label], entry, variant, tensors, config)
+        settled = len(timings) == len(errors) + 1 and settles(took, bound)
     record = decide(entry, timings, errors)
     record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
-               "gpu": torch.cuda.get_device_name()}
+               "gpu": torch.cuda.get_device_name(), "bound": bound, "settled": settled}
     if cubins is not None and record["label"] in compiled:
         # Note: the cubin shipped is the one timed: every candidate is compiled as the wrapper
         # launches it (explicit_compile), not by the JIT, which folds arguments and assumes
@@ -144,6 +156,49 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
     del base, tensors
     torch.cuda.empty_cache()
     return record
+
+
+# Note: most kernels of a real model are small, and tuning them cannot pay: measured on an H100,
+# autotune was 85-90% of a torchvision compile, 2-4 s per kernel, for gains of at most 1.4x on
+# kernels of a few microseconds. So the default candidate is timed first, against the kernel's
+# bound: an empty launch plus its bytes (inputs read, outputs written) at the bandwidth of a
+# device copy. A default within 15% or 2 us of that bound settles the kernel: no candidate can
+# win more, as these kernels are memory-bound. A working set that fits in L2 can beat the bound;
+# it settles too, as it runs in a few microseconds. Only kernels with room to win are tuned in
+# full; `tune.py --full` tunes every kernel in full.
+def settles(default_s: float, bound_s: float) -> bool:
+    """Whether a default that takes `default_s` is close enough to `bound_s` to ship untried rivals."""
+    if os.environ.get(_FULL) == "1":
+        return False
+    return default_s <= bound_s + max(_SETTLE_SLACK_S, _SETTLE_SLACK * bound_s)
+
+
+def bound_seconds(tensors: list[Any], roles: list[str]) -> float:
+    """The least time a kernel moving these tensors can take on this GPU (see settles)."""
+    moved: int = sum(t.untyped_storage().nbytes() * (2 if role == "inout" else 1)
+                     for t, role in zip(tensors, roles, strict=True))
+    floor, bandwidth = _device_limits()
+    return floor + moved / bandwidth
+
+
+_LIMITS: list[tuple[float, float]] = []
+
+
+def _device_limits() -> tuple[float, float]:
+    """(seconds of an empty launch, bytes per second of a device copy), measured once per
+    process the way candidates are timed, so a bound and a candidate's time compare."""
+    import torch
+
+    if not _LIMITS:
+        one = torch.empty(1, device="cuda")
+        floor = _timed(one.zero_)
+        src = torch.empty(_PROBE_BYTES, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        copy = _timed(lambda: dst.copy_(src))
+        del one, src, dst
+        torch.cuda.empty_cache()
+        _LIMITS.append((floor, 2 * _PROBE_BYTES / max(copy - floor, 1e-9)))
+    return _LIMITS[0]
 
 
 def _fresh(param: dict[str, Any]) -> Any:
@@ -162,19 +217,24 @@ def seconds(kernel: Any, entry: dict[str, Any], variant: dict[str, Any], tensors
     spends preparing a Triton launch (which would otherwise swamp any kernel of a few MB). No
     cache-flush buffer is used, so tuning's peak memory stays the kernel's own working set.
     """
+    return _timed(lambda: launch(kernel, entry, variant, tensors, config), repeat)
+
+
+def _timed(call: Callable[[], Any], repeat: int = 50) -> float:
+    """Median GPU seconds of `call`'s launches (see seconds)."""
     import statistics
 
     import torch
 
     for _ in range(3):
-        launch(kernel, entry, variant, tensors, config)
+        call()
     pairs = []
     for _ in range(repeat):
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         torch.cuda._sleep(_SLEEP_CYCLES)  # type: ignore[no-untyped-call]
         start.record()
-        launch(kernel, entry, variant, tensors, config)
+        call()
         end.record()
         pairs.append((start, end))
     torch.cuda.synchronize()
@@ -290,6 +350,8 @@ def _precompile_worker(args: argparse.Namespace) -> int:
     modules: dict[str, ModuleType] = {}
     for job in args.precompile.split(","):
         key, label = job.split(":", 1)
+        if args.decided is not None and (args.decided / key).exists():  # tuned, or settled
+            continue
         entry = entries[key]
         _, variant, config = next(c for c in candidates(entry) if c[0] == label)
         try:
@@ -303,19 +365,22 @@ def _precompile_worker(args: argparse.Namespace) -> int:
 
 # Note: compiling candidates is most of a cold tune, and one process per GPU compiles them one
 # at a time. So, beside the tuning workers, the candidates are compiled into triton's cache by a
-# process per spare core, last kernel first: each tuning worker then finds its candidates
-# compiled (or compiles the first few itself, while the others are being compiled). The
+# process per spare core: every kernel's default first, then the other candidates, each last
+# kernel first, skipping a kernel the workers have decided (most settle on their default). Each
+# tuning worker then finds its candidates compiled (or compiles the first few itself). The
 # compile is the same explicit_compile tuning does, so each candidate is compiled once.
 def start_precompile(kernels: Path, keys: list[str], gpus: int, arch: int,
                      tmp: Path) -> list[subprocess.Popen[bytes]]:
     spec = json.loads(kernels.read_text())
     entries = {e["key"]: e for e in spec["kernels"]}
-    jobs = [f"{key}:{label}" for key in reversed(keys) for label, _, _ in candidates(entries[key])]
+    ranked = [(i > 0, f"{key}:{label}") for key in reversed(keys)
+              for i, (label, _, _) in enumerate(candidates(entries[key]))]
+    jobs = [job for _, job in sorted(ranked, key=lambda r: r[0])]  # stable: defaults, then the rest
     count = min(len(jobs), max(0, len(os.sched_getaffinity(0)) - gpus), _MAX_PRECOMPILE)
     procs = []
     for i in range(count):
         cmd = [sys.executable, __file__, "--spec", str(kernels), "--arch", str(arch),
-               "--precompile", ",".join(jobs[i::count])]
+               "--decided", str(tmp / _DECIDED), "--precompile", ",".join(jobs[i::count])]
         with (tmp / f"precompile{i}.err").open("w") as err:
             procs.append(subprocess.Popen(cmd, stderr=err, stdout=subprocess.DEVNULL))
     return procs
@@ -330,6 +395,8 @@ def _worker(args: argparse.Namespace) -> int:
         for key in args.worker.split(","):
             out.write(json.dumps(tune_kernel(entries[key], folder, args.cubins), sort_keys=True) + "\n")
             out.flush()
+            if args.decided is not None:
+                (args.decided / key).touch()  # precompiles skip its candidates from now on
     return 0
 
 
@@ -341,6 +408,7 @@ def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int,
     records: dict[str, Any] = {}
     queues = [keys[g::max(1, gpus)] for g in range(max(1, gpus))]
     with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / _DECIDED).mkdir()
         arch = _arch()
         warming = [] if arch is None else start_precompile(kernels, keys, max(1, gpus), arch, Path(tmp))
         workers: list[_Worker] = []
@@ -414,7 +482,8 @@ class _Worker:
         self.out.write_text("")
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=_physical_gpu(device))
         cmd = [sys.executable, __file__, "--spec", str(kernels), "--worker", ",".join(queue),
-               "--out", str(self.out), *(["--cubins", str(cubins)] if cubins else [])]
+               "--out", str(self.out), "--decided", str(tmp / _DECIDED),
+               *(["--cubins", str(cubins)] if cubins else [])]
         with self.err.open("w") as err:
             self.proc = subprocess.Popen(cmd, env=env, stderr=err, stdout=subprocess.DEVNULL)
         self.deadline = time.monotonic() + _WORKER_TIMEOUT_S * len(queue)
@@ -449,14 +518,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", type=Path, default=here / "kernels.json", help="the kernels.json to read")
     parser.add_argument("--out", type=Path, default=here / "tuning.json")
     parser.add_argument("--cubins", type=Path, help="write each winner's cubin and launch facts here")
+    parser.add_argument("--full", action="store_true",
+                        help="time every candidate of every kernel, even where the default settles it")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--precompile", help=argparse.SUPPRESS)
     parser.add_argument("--arch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--decided", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return _worker(args)
     if args.precompile:
         return _precompile_worker(args)
+    if args.full:
+        os.environ[_FULL] = "1"  # the workers inherit it
     import torch
 
     if not torch.cuda.is_available():

@@ -41,7 +41,8 @@ def compile_command(
     console: Console,
     err: Console,
 ) -> int:
-    options = BuildOptions(target, out, frozenset(args.force), args.until, args.in_process)
+    options = BuildOptions(target, out, frozenset(args.force), args.until, args.in_process,
+                           executor=args.executor)
     live = not args.quiet and err.is_terminal
     display: Display = LiveDisplay(err) if live else QuietDisplay(err)
     cache = _cache(args, display)

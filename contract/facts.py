@@ -59,6 +59,22 @@ def machine_facts(target: str) -> dict[str, int]:
     return {"cores": len(os.sched_getaffinity(0)), "gpus": gpu_count() if target == "cuda" else 0}
 
 
+_SLURM_SETTINGS = ("partition", "gres", "time_min", "account", "jobs")
+
+
+def executor_settings(kind: str | None) -> dict[str, str]:
+    """Where per-kernel work runs: `kind` (--executor), else $KILN_EXECUTOR, else local; for
+    slurm, the job settings from $KILN_SLURM_PARTITION, _GRES, _TIME_MIN, _ACCOUNT and _JOBS."""
+    chosen = kind or os.environ.get("KILN_EXECUTOR", "") or "local"
+    settings = {"kind": chosen}
+    if chosen == "slurm":
+        for name in _SLURM_SETTINGS:
+            value = os.environ.get(f"KILN_SLURM_{name.upper()}", "")
+            if value:
+                settings[name] = value
+    return settings
+
+
 def gpu_count() -> int:
     """The GPUs this process may use: CUDA_VISIBLE_DEVICES's entries, else every GPU the driver
     lists; 0 without one."""

@@ -22,7 +22,7 @@ from cache.records import Records
 from cache.store import Artifact, Entry, Store, scan_artifacts
 from contract.config import ModelConfig
 from contract.errors import KilnError
-from contract.facts import env_fact, machine_facts
+from contract.facts import env_fact, executor_settings, machine_facts
 from contract.job import StageJob
 from contract.keys import KeyContext, Parts
 from pipeline.codedeps import stage_code_digest
@@ -40,6 +40,7 @@ class BuildOptions:
     until: str | None = None
     in_process: bool = False
     live: Any = None  # an in-memory model (pipeline.compile); forces in-process trace
+    executor: str | None = None  # where per-kernel work runs (local, slurm); None: $KILN_EXECUTOR
 
 
 @dataclass
@@ -389,6 +390,7 @@ class Runner:
             code=self.code(stage),
             target=self.options.target,
             machine=self.machine,
+            executor=executor_settings(self.options.executor),
             live=self.options.live,
             lease=str(self.store.lease.path) if self.store.lease is not None else "",
         )

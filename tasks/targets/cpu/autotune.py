@@ -20,10 +20,12 @@ from contract.job import StageJob
 from contract.timings import TimingRecord, timings_json
 from contract.toolchain import cxx
 from tasks.autotune.coverage import coverage, coverage_text, placed
+from tasks.autotune.executors import SLURM, kind_of
 from tasks.targets.cpu.decisions import CpuDecision, tuning_json
 from tasks.targets.cpu.spec import CpuKernelEntry, CpuKernelsJson
 
 if TYPE_CHECKING:
+    from tasks.targets.cpu.remote import Remote
     from tasks.targets.cpu.tune import Built
 
 TUNING = "tuning.json"  # decisions only: what later stages read, so it is deterministic
@@ -49,6 +51,9 @@ def run(job: StageJob) -> Mapping[str, Any]:
     missing = [e.to_json() for e in spec.kernels if items.lookup(parts[e.key]) is None]
     objects = job.out_dir / OBJECTS
     objects.mkdir()
+    remote = _remote(job, missing, kernels_json, compiler)
+    if remote is not None:
+        missing = [e for e in missing if not (remote.folder / e["key"]).is_dir()]
     with tempfile.TemporaryDirectory() as tmp:
         # Note: the builds of every kernel not in the cache run in parallel first; timing then
         # runs one kernel at a time, so no two measurements share the CPU. The tuner (and torch,
@@ -62,6 +67,8 @@ def run(job: StageJob) -> Mapping[str, Any]:
         for entry in spec.kernels:
 
             def compute(out: Path, entry: CpuKernelEntry = entry) -> dict[str, Any]:
+                if remote is not None and (remote.folder / entry.key).is_dir():
+                    return _filed(remote.folder / entry.key, out)
                 return _tune(entry, folder, compiler, built.get(entry.key), out)
 
             item, hit = items.get_or_compute(parts[entry.key], compute)
@@ -77,7 +84,28 @@ def run(job: StageJob) -> Mapping[str, Any]:
     (job.out_dir / TIMINGS).write_text(pretty_json(timings_json(records)))
     covered = coverage(records)
     note = f"{coverage_text(covered)} ({hits} cached)"
+    if remote is not None:
+        note += "; " + remote.note(len(missing))
+        shutil.rmtree(remote.folder, ignore_errors=True)
     return {"kernels": len(records), "cached": hits, "coverage": covered, "items": used, "summary": note}
+
+
+def _remote(job: StageJob, missing: list[dict[str, Any]], kernels_json: Path,
+            compiler: list[str]) -> Remote | None:
+    """The misses tuned as Slurm jobs, where the build asked for that (and there are misses)."""
+    if not missing or kind_of(job.executor) != SLURM:
+        return None
+    from tasks.targets.cpu.remote import tune_remotely
+
+    return tune_remotely(missing, kernels_json, compiler, REPEAT, job.executor, Path(job.store_root))
+
+
+def _filed(made: Path, out: Path) -> dict[str, Any]:
+    """A kernel a Slurm job tuned, filed as the cache item a local run would have made."""
+    shutil.copyfile(made / OBJECT, out / OBJECT)
+    record = json.loads((made / "record.json").read_text())
+    (out / "record.json").write_text(pretty_json(record))
+    return {"variant": record["variant"]}
 
 
 def _tune(entry: CpuKernelEntry, folder: Path, compiler: list[str], built: Built | None,

@@ -1,0 +1,133 @@
+"""Where a stage's per-kernel work runs: here (the default), or as a few jobs on a Slurm cluster
+through pydra's SlurmWorker.
+
+A stage hands `run_shares` a module-level function and its shares (lists of kernel keys, with
+whatever else the function takes); each share becomes one job. What a job makes it writes into
+a folder the stage named, on storage the cluster shares with this machine; the stage then files
+it into the same per-kernel cache items a local run writes, so the two kinds of run share hits.
+
+Note: pydra is the executor only. Its own cache is a fresh folder per call and never consulted:
+kiln checks its cache before it submits anything (only misses are shares), and pydra's hashes
+were found unreliable (DESIGN.md section 7). The guards from there apply: NO_ET=1 (no version
+ping from the nodes), plain JSON-able inputs, one Submitter per call.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from contract.errors import KilnError
+
+LOCAL, SLURM = "local", "slurm"
+KINDS = (LOCAL, SLURM)
+_POLL_S = 0.5  # how often pydra asks squeue about a job
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """How jobs are submitted (StageJob.executor's fields; not key parts)."""
+
+    partition: str = ""
+    gres: str = ""
+    time_min: int = 30  # each job's limit: a job past it is cancelled and its kernels rerun here
+    account: str = ""
+    jobs: int = 2  # how many jobs a stage's misses are batched into, at most
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, str]) -> Slurm:
+        return cls(settings.get("partition", ""), settings.get("gres", ""),
+                   int(settings.get("time_min", "30")), settings.get("account", ""),
+                   max(1, int(settings.get("jobs", "2"))))
+
+    def sbatch_args(self, name: str) -> str:
+        args = [f"-J {name}", f"-t {self.time_min}", "--no-requeue"]
+        args += [f"-p {self.partition}"] if self.partition else []
+        args += [f"--gres={self.gres}"] if self.gres else []
+        args += [f"-A {self.account}"] if self.account else []
+        return " ".join(args)
+
+
+def kind_of(settings: Mapping[str, str]) -> str:
+    kind = settings.get("kind", LOCAL) or LOCAL
+    if kind not in KINDS:
+        raise KilnError(f"unknown executor {kind!r}", f"use one of {', '.join(KINDS)}")
+    return kind
+
+
+def shares_of(keys: list[str], count: int) -> list[list[str]]:
+    """The keys dealt into at most `count` shares, in order within each."""
+    count = max(1, min(count, len(keys)))
+    return [keys[i::count] for i in range(count)]
+
+
+def run_shares(fn: Callable[[str], str], shares: list[str], settings: Mapping[str, str],
+               scratch: Path) -> str:
+    """Each share (a JSON text fn reads) as one Slurm job running fn(share); "" when every job
+    ran to its end, else the first failure pydra saw.
+
+    fn writes what it makes, and a marker per finished share, where the share says: the caller
+    takes what is there and reruns the rest here. Every job has a deadline (time_min); Ctrl-C,
+    a failed job or any error here cancels every job of this call still queued or running.
+
+    Note: pydra's Submitter stops waiting at the first job that fails and leaves the others
+    running, so the outcome of each share is read from its marker, never from pydra's results.
+    """
+    try:
+        import pydra  # type: ignore[import-untyped]
+    except ModuleNotFoundError as err:
+        raise KilnError("the slurm executor needs pydra", "pip install 'pydra==0.25' 'cloudpickle<=3.1.2'") \
+            from err
+    _check_slurm()
+    slurm = Slurm.from_settings(settings)
+    name = f"kiln-{uuid.uuid4().hex[:12]}"
+    os.environ["NO_ET"] = "1"  # the jobs inherit it: no etelemetry request from a node
+    task = pydra.mark.task(fn)
+    scratch.mkdir(parents=True, exist_ok=True)
+    reaper = _reaper(name)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="pydra-") as cache:
+        work = task(name="kiln_share", cache_dir=cache).split("share", share=shares)
+        try:
+            with pydra.Submitter(plugin="slurm", sbatch_args=slurm.sbatch_args(name),
+                                 poll_delay=_POLL_S) as submitter:
+                submitter(work)
+        except Exception as err:  # a job failed, timed out or was cancelled: its markers tell
+            first = (str(err).strip().splitlines() or [""])[0]
+            return f"{type(err).__name__}: {first[:300]}"
+        finally:
+            _cancel(name)
+            reaper.kill()
+            reaper.wait()
+    return ""
+
+
+# Note: the runner takes a stage's worker down with SIGKILL on Ctrl-C, and a kill -9 of the
+# runner does the same, so no `finally` here would cancel the jobs. A process of its own
+# session (which a parent's death signal does not reach) waits for this one to end, then
+# cancels whatever of this call's jobs is still queued or running.
+def _reaper(name: str) -> subprocess.Popen[bytes]:
+    watch = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; scancel --name {name}"
+    return subprocess.Popen(["sh", "-c", watch], start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _check_slurm() -> None:
+    try:
+        subprocess.run(["sinfo", "-h"], capture_output=True, check=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise KilnError(f"the slurm executor found no Slurm here ({type(err).__name__})",
+                        "start one (bash scripts/slurm_local.sh up, then eval its `env`) or set SLURM_CONF") \
+            from err
+
+
+def _cancel(name: str) -> None:
+    """Cancel every job of this call still queued or running (none, after a clean run)."""
+    try:
+        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return  # no scancel: nothing was submitted either

@@ -1,0 +1,101 @@
+"""The cpu autotune stage's kernels tuned as Slurm jobs (`--executor slurm`).
+
+The stage deals its cache misses into a few shares; each share is one job running `tune_share`
+on a node, which builds and times its kernels exactly as a local run does (tune.py) and writes
+each kernel's record and winning object into a folder under the cache's tmp/ (shared storage).
+The stage then files them into the per-kernel cache items; a kernel a job did not finish is
+tuned here, and the stage's note says how many.
+
+Note: no `from __future__ import annotations` here: pydra checks a task's inputs against its
+function's annotations, and reads a postponed one ('str') as no type at all.
+"""
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.autotune.executors import Slurm, run_shares, shares_of
+
+RECORD, OBJECT = "record.json", "kernel.o"
+
+
+def tune_share(share: str) -> str:
+    """Runs on a node: tunes the share's kernels; returns where it ran."""
+    from tasks.targets.cpu import tune as cpu_tune
+
+    args = json.loads(share)
+    spec_path = Path(args["spec"])
+    spec = json.loads(spec_path.read_text())
+    folder = spec_path.parent / spec["folder"]
+    keys = set(args["keys"])
+    entries = [e for e in spec["kernels"] if e["key"] in keys]
+    out = Path(args["out"])
+    job_id = os.environ.get("SLURM_JOB_ID", "?")
+    where = f"slurm job {job_id} on {socket.gethostname()}"
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        built = cpu_tune.build_variants(entries, folder, args["compiler"], Path(tmp))
+        for entry in entries:
+            record = cpu_tune.tune_kernel(entry, folder, args["compiler"], args["repeat"],
+                                          built[entry["key"]])
+            winner = built[entry["key"]][record["variant"]]
+            if isinstance(winner, str):
+                continue  # no variant builds: the stage tunes it here and reports the error
+            staging = out / f".{entry['key']}.{os.getpid()}"
+            staging.mkdir()
+            shutil.copyfile(Path(winner).with_suffix(".o"), staging / OBJECT)
+            (staging / RECORD).write_text(json.dumps(record | {"where": where}, sort_keys=True))
+            staging.rename(out / entry["key"])
+    mark = {"where": where, "seconds": time.perf_counter() - started}
+    (out / f"share-{job_id}.json").write_text(json.dumps(mark))
+    return where
+
+
+@dataclass(frozen=True)
+class Remote:
+    """What the jobs left: a subfolder per kernel they finished, and what they said."""
+
+    folder: Path
+    jobs: int
+    kernels: int
+    seconds: float  # wall time from the first submission to the last job's end, here
+    tuning_seconds: float  # the longest job's own time on its node
+    places: tuple[str, ...]
+    error: str
+
+    def note(self, rerun_here: int) -> str:
+        """ "tuned in 2 slurm jobs (slurm job 4 on n1, ...); engine overhead 40 ms a kernel" """
+        overhead = max(0.0, self.seconds - self.tuning_seconds) / max(1, self.kernels)
+        text = (f"{self.kernels} kernels tuned in {self.jobs} slurm jobs ({', '.join(self.places)}); "
+                f"engine overhead {overhead * 1e3:.0f} ms a kernel")
+        if rerun_here:
+            text += f"; {rerun_here} rerun here, as their job did not finish ({self.error or 'no result'})"
+        return text
+
+
+def tune_remotely(missing: list[dict[str, Any]], kernels_json: Path, compiler: list[str], repeat: int,
+                  settings: Mapping[str, str], store_root: Path) -> Remote:
+    """Submits the missing kernels as a few jobs and waits for them. The caller files what they
+    made and removes the folder."""
+    # Note: named as the store's staging folders are (stage-what-pid-uuid), so gc's clean_tmp
+    # removes it should this process die before it does.
+    out = store_root / "tmp" / f"autotune-remote-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    out.mkdir(parents=True)
+    keys = [e["key"] for e in missing]
+    shares = [json.dumps({"spec": str(kernels_json), "compiler": compiler, "repeat": repeat,
+                          "keys": share, "out": str(out)})
+              for share in shares_of(keys, Slurm.from_settings(settings).jobs)]
+    started = time.perf_counter()
+    error = run_shares(tune_share, shares, settings, out)
+    seconds = time.perf_counter() - started
+    done = [json.loads(p.read_text()) for p in sorted(out.glob("share-*.json"))]
+    return Remote(out, len(shares), len(keys), seconds, max((d["seconds"] for d in done), default=0.0),
+                  tuple(d["where"] for d in done), error)

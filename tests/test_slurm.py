@@ -1,0 +1,152 @@
+"""`--executor slurm` on a real Slurm cluster that the test starts on this machine and stops
+(scripts/slurm_local.sh): the cpu target's kernels are tuned by Slurm jobs, land in the same
+per-kernel cache items a local run uses, and a job that dies is made up for here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from contract.config import load_config
+from pipeline.build import Cache, compile_model
+from pipeline.runner import BuildOptions, BuildResult
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "slurm_local.sh"
+
+
+def _free_ports(count: int) -> int:
+    """A base port with `count` free ports from it."""
+    for base in range(21000, 40000, 97):
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free ports")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A single-node cluster of this test's own (its folder, its ports); its environment."""
+    pytest.importorskip("pydra")
+    env = dict(os.environ, KILN_SLURM_DIR=str(tmp_path_factory.mktemp("slurm")),
+               KILN_SLURM_PORT=str(_free_ports(4)))
+    up = subprocess.run(["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=300,
+                        check=False)
+    assert up.returncode == 0, up.stderr
+    conf = subprocess.run(["bash", str(SCRIPT), "env"], env=env, capture_output=True, text=True, check=True)
+    env["SLURM_CONF"] = conf.stdout.strip().split("=", 1)[1]
+    try:
+        yield env
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True, timeout=120, check=False)
+
+
+def _jobs(env: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """Every job the cluster's accounting knows: id -> (name, state)."""
+    out = subprocess.run(["sacct", "-a", "-n", "-X", "-P", "-S", "2000-01-01", "-o", "JobID,JobName,State"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return {line.split("|")[0]: (line.split("|")[1], line.split("|")[2]) for line in out.splitlines() if line}
+
+
+def _autotune_note(result: BuildResult) -> str:
+    return next(row.note for row in result.rows if row.stage == "autotune")
+
+
+def test_slurm_jobs_tune_the_kernels_into_the_cache_a_local_run_shares(
+        slurm: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    cache = Cache.open(tmp_path / "cache")
+    config = load_config("mlp")
+    remote = compile_model(config, BuildOptions("cpu", tmp_path / "slurm", executor="slurm"), cache)
+    timings = json.loads(remote.entries["autotune"].file("timings.json").read_text())
+    assert "slurm jobs" in _autotune_note(remote)
+    jobs = _jobs(slurm)
+    for record in timings.values():  # each kernel was tuned by a job that Slurm ran to its end
+        job_id = record["where"].split()[2]
+        assert jobs[job_id][0].startswith("kiln-"), (record, jobs)
+        assert jobs[job_id][1] == "COMPLETED", (record, jobs)
+        assert all(t is not None for t in record["timings"].values()), record
+
+    # The stage's own entry goes (its per-kernel items stay), so the local run's autotune runs.
+    doomed = cache.store.move_out("autotune", remote.entries["autotune"].key)
+    assert doomed is not None
+    shutil.rmtree(doomed)
+    local = compile_model(config, BuildOptions("cpu", tmp_path / "local", executor="local"), cache)
+    assert next(row.status for row in local.rows if row.stage == "autotune") == "ran"
+    assert f"({len(timings)} cached)" in _autotune_note(local)  # the jobs' items are a local run's hits
+    tuning = [r.entries["autotune"].file("tuning.json").read_bytes() for r in (remote, local)]
+    assert tuning[0] == tuning[1]
+    assert (tmp_path / "slurm" / "model.so").read_bytes() == (tmp_path / "local" / "model.so").read_bytes()
+    before = set(_jobs(slurm))
+    again = compile_model(config, BuildOptions("cpu", tmp_path / "again", executor="slurm"), cache)
+    assert all(row.status != "ran" for row in again.rows)
+    assert set(_jobs(slurm)) == before  # a no-op recompile submits nothing
+
+
+def test_a_cancelled_job_s_kernels_are_tuned_here_and_the_report_says_so(
+        slurm: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    monkeypatch.setenv("KILN_SLURM_JOBS", "1")
+    cancelled: list[str] = []
+    stop = threading.Event()
+
+    def cancel_the_first_kiln_job() -> None:
+        while not stop.is_set() and not cancelled:
+            queue = subprocess.run(["squeue", "-h", "-o", "%i %j"], env=slurm, capture_output=True,
+                                   text=True, check=False).stdout.split()
+            for job_id, name in zip(queue[::2], queue[1::2], strict=True):
+                if name.startswith("kiln-"):
+                    subprocess.run(["scancel", job_id], env=slurm, check=True)
+                    cancelled.append(job_id)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=cancel_the_first_kiln_job)
+    watcher.start()
+    try:
+        result = compile_model(load_config("mlp"), BuildOptions("cpu", tmp_path / "b", executor="slurm"),
+                               Cache.open(tmp_path / "cache"))
+    finally:
+        stop.set()
+        watcher.join()
+    assert cancelled
+    assert "rerun here, as their job did not finish" in _autotune_note(result)
+    timings = json.loads(result.entries["autotune"].file("timings.json").read_text())
+    assert all(t is not None for r in timings.values() for t in r["timings"].values())
+
+
+def test_an_interrupted_compile_leaves_no_job_behind(slurm: dict[str, str], tmp_path: Path) -> None:
+    env = dict(slurm, KILN_EXECUTOR="slurm", KILN_SLURM_JOBS="2")
+    cmd = [sys.executable, "-m", "kiln", "--cache-dir", str(tmp_path / "cache"), "compile", "mlp",
+           "--target", "cpu", "--quiet", "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def queued() -> list[str]:
+        out = subprocess.run(["squeue", "-h", "-o", "%j"], env=slurm, capture_output=True, text=True,
+                             check=False).stdout
+        return [name for name in out.split() if name.startswith("kiln-")]
+
+    deadline = time.monotonic() + 120
+    while not queued() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert queued(), "no job was submitted"
+    os.killpg(proc.pid, 9)  # as hard as it gets: no handler runs in any of kiln's processes
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while queued() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not queued()

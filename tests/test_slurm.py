@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from contract.config import load_config
+from contract.errors import KilnError
 from pipeline.build import Cache, compile_model
 from pipeline.runner import BuildOptions, BuildResult
 
@@ -150,3 +151,23 @@ def test_an_interrupted_compile_leaves_no_job_behind(slurm: dict[str, str], tmp_
     while queued() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not queued()
+
+
+def test_the_executor_comes_from_the_flag_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contract.facts import executor_settings
+    from tasks.autotune.executors import Slurm, kind_of, shares_of
+
+    monkeypatch.delenv("KILN_EXECUTOR", raising=False)
+    assert executor_settings(None) == {"kind": "local"}
+    monkeypatch.setenv("KILN_EXECUTOR", "slurm")
+    monkeypatch.setenv("KILN_SLURM_PARTITION", "gpu")
+    monkeypatch.setenv("KILN_SLURM_GRES", "gpu:1")
+    settings = executor_settings(None)
+    assert settings == {"kind": "slurm", "partition": "gpu", "gres": "gpu:1"}
+    assert executor_settings("local") == {"kind": "local"}
+    args = Slurm.from_settings(settings).sbatch_args("kiln-x")
+    assert args == "-J kiln-x -t 30 --no-requeue -p gpu --gres=gpu:1"
+    assert shares_of(["a", "b", "c"], 2) == [["a", "c"], ["b"]]
+    assert shares_of(["a"], 4) == [["a"]]
+    with pytest.raises(KilnError, match="unknown executor 'sge'"):
+        kind_of({"kind": "sge"})

@@ -166,7 +166,7 @@ def test_the_executor_comes_from_the_flag_then_the_environment(monkeypatch: pyte
     assert settings == {"kind": "slurm", "partition": "gpu", "gres": "gpu:1"}
     assert executor_settings("local") == {"kind": "local"}
     args = Slurm.from_settings(settings).sbatch_args("kiln-x")
-    assert args == "-J kiln-x -t 30 --no-requeue -p gpu --gres=gpu:1"
+    assert args == "-J kiln-x -t 30 --no-requeue --exclusive -p gpu --gres=gpu:1"
     assert shares_of(["a", "b", "c"], 2) == [["a", "c"], ["b"]]
     assert shares_of(["a"], 4) == [["a"]]
     with pytest.raises(KilnError, match="unknown executor 'sge'"):

@@ -38,15 +38,19 @@ class Slurm:
     time_min: int = 30  # each job's limit: a job past it is cancelled and its kernels rerun here
     account: str = ""
     jobs: int = 2  # how many jobs a stage's misses are batched into, at most
+    # Note: a job times kernels, so by default it takes its node whole (--exclusive), as a local
+    # run times one kernel at a time: two jobs timing side by side on one node would skew both.
+    exclusive: bool = True
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, str]) -> Slurm:
         return cls(settings.get("partition", ""), settings.get("gres", ""),
                    int(settings.get("time_min", "30")), settings.get("account", ""),
-                   max(1, int(settings.get("jobs", "2"))))
+                   max(1, int(settings.get("jobs", "2"))), settings.get("exclusive", "1") != "0")
 
     def sbatch_args(self, name: str) -> str:
         args = [f"-J {name}", f"-t {self.time_min}", "--no-requeue"]
+        args += ["--exclusive"] if self.exclusive else []
         args += [f"-p {self.partition}"] if self.partition else []
         args += [f"--gres={self.gres}"] if self.gres else []
         args += [f"-A {self.account}"] if self.account else []

@@ -171,3 +171,12 @@ def test_the_executor_comes_from_the_flag_then_the_environment(monkeypatch: pyte
     assert shares_of(["a"], 4) == [["a"]]
     with pytest.raises(KilnError, match="unknown executor 'sge'"):
         kind_of({"kind": "sge"})
+
+
+def test_the_engine_overhead_counts_only_time_no_job_was_tuning() -> None:
+    from tasks.targets.cpu.remote import Remote, _union
+
+    assert _union([(0, 2), (1, 3), (5, 6)]) == 4  # overlapping jobs count once, gaps not at all
+    remote = Remote(Path("."), 2, 200, seconds=10.0, tuning_seconds=8.0, places=("a", "b"), error="")
+    assert remote.note(0).endswith("engine overhead 10 ms a kernel")
+    assert "3 rerun here, as their job did not finish (no result)" in remote.note(3)

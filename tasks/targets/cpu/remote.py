@@ -40,7 +40,7 @@ def tune_share(share: str) -> str:
     out = Path(args["out"])
     job_id = os.environ.get("SLURM_JOB_ID", "?")
     where = f"slurm job {job_id} on {socket.gethostname()}"
-    started = time.perf_counter()
+    started = time.time()  # wall clock: the stage compares it with its own (one host, or NTP's)
     with tempfile.TemporaryDirectory() as tmp:
         built = cpu_tune.build_variants(entries, folder, args["compiler"], Path(tmp))
         for entry in entries:
@@ -54,7 +54,7 @@ def tune_share(share: str) -> str:
             shutil.copyfile(Path(winner).with_suffix(".o"), staging / OBJECT)
             (staging / RECORD).write_text(json.dumps(record | {"where": where}, sort_keys=True))
             staging.rename(out / entry["key"])
-    mark = {"where": where, "seconds": time.perf_counter() - started}
+    mark = {"where": where, "start": started, "end": time.time()}
     (out / f"share-{job_id}.json").write_text(json.dumps(mark))
     return where
 
@@ -67,7 +67,7 @@ class Remote:
     jobs: int
     kernels: int
     seconds: float  # wall time from the first submission to the last job's end, here
-    tuning_seconds: float  # the longest job's own time on its node
+    tuning_seconds: float  # how long some job was tuning, in that time (their union)
     places: tuple[str, ...]
     error: str
 
@@ -93,9 +93,21 @@ def tune_remotely(missing: list[dict[str, Any]], kernels_json: Path, compiler: l
     shares = [json.dumps({"spec": str(kernels_json), "compiler": compiler, "repeat": repeat,
                           "keys": share, "out": str(out)})
               for share in shares_of(keys, Slurm.from_settings(settings).jobs)]
-    started = time.perf_counter()
+    started = time.time()
     error = run_shares(tune_share, shares, settings, out)
-    seconds = time.perf_counter() - started
+    ended = time.time()
     done = [json.loads(p.read_text()) for p in sorted(out.glob("share-*.json"))]
-    return Remote(out, len(shares), len(keys), seconds, max((d["seconds"] for d in done), default=0.0),
+    spans = [(max(d["start"], started), min(d["end"], ended)) for d in done]
+    return Remote(out, len(shares), len(keys), ended - started, _union(spans),
                   tuple(d["where"] for d in done), error)
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """The seconds covered by at least one of the spans."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        start = max(start, reach)
+        if end > start:
+            total += end - start
+            reach = end
+    return total

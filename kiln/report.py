@@ -48,23 +48,27 @@ def kernel_table(rows: list[dict[str, Any]]) -> Table:
     # Note: a "where" column only for a model with control flow: where each kernel's launches
     # sit (a branch, a loop body), so a branch the example inputs never take shows as tuned.
     where = any(place != "main" for row in rows for place in row.get("places", []))
+    remote = any(row.get("tuned_on") for row in rows)  # tuned by cluster jobs (--executor slurm)
     columns = [("kernel", "left"), *([("where", "left")] if where else []), ("launches", "right"),
-               ("variant", "left"), ("us", "right"), ("gain", "right"), ("share", "right")]
+               ("variant", "left"), *([("tuned on", "left")] if remote else []), ("us", "right"),
+               ("gain", "right"), ("share", "right")]
     for col, justify in columns:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for row in rows[:KERNEL_ROWS]:
         seconds, gain, share = row["seconds"], row["gain"], row["share"]
         origins = f" ({row['origins']})" if row.get("origins") else ""
         places = [escape(", ".join(row.get("places", [])))] if where else []
+        tuned_on = [escape(row.get("tuned_on") or "here")] if remote else []
         table.add_row(escape(row["kernel"] + origins), *places, str(row["launches"]), escape(row["variant"]),
-                      f"{seconds * 1e6:.1f}" if seconds is not None else "-",
+                      *tuned_on, f"{seconds * 1e6:.1f}" if seconds is not None else "-",
                       f"{gain:.2f}x" if gain else "-", f"{share:.0%}" if share is not None else "-")
     rest = rows[KERNEL_ROWS:]
     if rest:
         share = sum(row["share"] or 0 for row in rest)
         launches = sum(row["launches"] for row in rest)
         blank = [""] if where else []
-        table.add_row(f"... {len(rest)} more", *blank, str(launches), "", "", "", f"{share:.0%}")
+        table.add_row(f"... {len(rest)} more", *blank, str(launches), "", *([""] if remote else []), "", "",
+                      f"{share:.0%}")
     return table
 
 

@@ -60,7 +60,9 @@ def _variant_text(record: TimingRecord) -> str:
     if "XBLOCK" not in config:
         return record.variant
     text = f"{record.variant} X{config['XBLOCK']} R{config['RBLOCK']} w{config['num_warps']}"
-    return text if record.tuned else f"{text} (untuned)"
+    if not record.tuned:
+        return f"{text} (untuned)"
+    return f"{text} (settled)" if record.extra.get("settled") else text
 
 
 def kernel_rows(result: BuildResult) -> list[dict[str, Any]]:
@@ -76,7 +78,7 @@ def kernel_rows(result: BuildResult) -> list[dict[str, Any]]:
         rows.append({"kernel": (r.names or (key[:16],))[0], "origins": ", ".join(r.origins),
                      "launches": launches, "variant": _variant_text(r),
                      "config": dict(r.config), "seconds": r.seconds, "gain": r.gain, "tuned": r.tuned,
-                     "places": list(r.places)})
+                     "places": list(r.places), "tuned_on": str(r.extra.get("where", ""))})
     total = sum((row["seconds"] or 0) * row["launches"] for row in rows)
     for row in rows:
         row["share"] = round((row["seconds"] or 0) * row["launches"] / total, 4) if total else None

@@ -59,13 +59,13 @@ def machine_facts(target: str) -> dict[str, int]:
     return {"cores": len(os.sched_getaffinity(0)), "gpus": gpu_count() if target == "cuda" else 0}
 
 
-_SLURM_SETTINGS = ("partition", "gres", "time_min", "account", "jobs", "exclusive")
+_SLURM_SETTINGS = ("partition", "gres", "time_min", "queue_min", "account", "jobs", "exclusive")
 
 
 def executor_settings(kind: str | None) -> dict[str, str]:
     """Where per-kernel work runs: `kind` (--executor), else $KILN_EXECUTOR, else local; for
-    slurm, the job settings from $KILN_SLURM_PARTITION, _GRES, _TIME_MIN, _ACCOUNT, _JOBS and
-    _EXCLUSIVE (0: jobs may share a node)."""
+    slurm, the job settings from $KILN_SLURM_PARTITION, _GRES, _TIME_MIN, _QUEUE_MIN, _ACCOUNT,
+    _JOBS and _EXCLUSIVE (0: jobs may share a node)."""
     chosen = kind or os.environ.get("KILN_EXECUTOR", "") or "local"
     settings = {"kind": chosen}
     if chosen == "slurm":

@@ -8,7 +8,7 @@
 #
 # What runs: munged, MariaDB (the accounting database), slurmdbd (so sacct works, which pydra's
 # Slurm worker polls), slurmctld and slurmd on localhost, with one partition `cpu` holding every
-# core. All state, logs and sockets live in $KILN_SLURM_DIR (default /tmp/kiln-slurm-$UID); the
+# core, and a partition `down` that runs nothing (jobs sent there wait: for tests of deadlines). All state, logs and sockets live in $KILN_SLURM_DIR (default /tmp/kiln-slurm-$UID); the
 # daemons listen on 127.0.0.1 only, on ports from $KILN_SLURM_PORT (default 16817) up.
 #
 # Note: this needs root (apt-get, and slurmd running jobs as their user). `up` is idempotent: a
@@ -77,6 +77,7 @@ ReturnToService=2
 MinJobAge=300
 NodeName=localhost CPUs=$cores RealMemory=$mem State=UNKNOWN
 PartitionName=cpu Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+PartitionName=down Nodes=localhost MaxTime=INFINITE State=DOWN
 EOF
     cat >"$DIR/etc/slurmdbd.conf" <<EOF
 AuthType=auth/munge

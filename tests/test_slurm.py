@@ -180,3 +180,15 @@ def test_the_engine_overhead_counts_only_time_no_job_was_tuning() -> None:
     remote = Remote(Path("."), 2, 200, seconds=10.0, tuning_seconds=8.0, places=("a", "b"), error="")
     assert remote.note(0).endswith("engine overhead 10 ms a kernel")
     assert "3 rerun here, as their job did not finish (no result)" in remote.note(3)
+
+
+def test_jobs_that_wait_in_the_queue_too_long_are_cancelled_and_tuned_here(
+        slurm: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    monkeypatch.setenv("KILN_SLURM_PARTITION", "down")  # its jobs wait for ever
+    monkeypatch.setenv("KILN_SLURM_QUEUE_MIN", "0.05")  # 3 s
+    result = compile_model(load_config("mlp"), BuildOptions("cpu", tmp_path / "b", executor="slurm"),
+                           Cache.open(tmp_path / "cache"))
+    note = _autotune_note(result)
+    assert "3 rerun here, as their job did not finish" in note, note
+    assert "still pending after 0.05 min were cancelled" in note, note

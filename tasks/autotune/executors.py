@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class Slurm:
     time_min: int = 30  # each job's limit: a job past it is cancelled and its kernels rerun here
     account: str = ""
     jobs: int = 2  # how many jobs a stage's misses are batched into, at most
+    queue_min: float = 10.0  # a job still pending this long after submission is cancelled
     # Note: a job times kernels, so by default it takes its node whole (--exclusive), as a local
     # run times one kernel at a time: two jobs timing side by side on one node would skew both.
     exclusive: bool = True
@@ -46,7 +48,8 @@ class Slurm:
     def from_settings(cls, settings: Mapping[str, str]) -> Slurm:
         return cls(settings.get("partition", ""), settings.get("gres", ""),
                    int(settings.get("time_min", "30")), settings.get("account", ""),
-                   max(1, int(settings.get("jobs", "2"))), settings.get("exclusive", "1") != "0")
+                   max(1, int(settings.get("jobs", "2"))), float(settings.get("queue_min", "10")),
+                   settings.get("exclusive", "1") != "0")
 
     def sbatch_args(self, name: str) -> str:
         args = [f"-J {name}", f"-t {self.time_min}", "--no-requeue"]
@@ -76,8 +79,9 @@ def run_shares(fn: Callable[[str], str], shares: list[str], settings: Mapping[st
     ran to its end, else the first failure pydra saw.
 
     fn writes what it makes, and a marker per finished share, where the share says: the caller
-    takes what is there and reruns the rest here. Every job has a deadline (time_min); Ctrl-C,
-    a failed job or any error here cancels every job of this call still queued or running.
+    takes what is there and reruns the rest here. Every job has a deadline: time_min once it
+    runs, queue_min while it waits; Ctrl-C, a failed job or any error here cancels every job of
+    this call still queued or running.
 
     Note: pydra's Submitter stops waiting at the first job that fails and leaves the others
     running, so the outcome of each share is read from its marker, never from pydra's results.
@@ -94,6 +98,10 @@ def run_shares(fn: Callable[[str], str], shares: list[str], settings: Mapping[st
     task = pydra.mark.task(fn)
     scratch.mkdir(parents=True, exist_ok=True)
     reaper = _reaper(name)
+    stop = threading.Event()
+    expired: list[str] = []
+    threading.Thread(target=_expire_pending, args=(name, slurm.queue_min * 60, stop, expired),
+                     daemon=True).start()
     with tempfile.TemporaryDirectory(dir=scratch, prefix="pydra-") as cache:
         work = task(name="kiln_share", cache_dir=cache).split("share", share=shares)
         try:
@@ -104,10 +112,31 @@ def run_shares(fn: Callable[[str], str], shares: list[str], settings: Mapping[st
             first = (str(err).strip().splitlines() or [""])[0]
             return f"{type(err).__name__}: {first[:300]}"
         finally:
+            stop.set()
             _cancel(name)
             reaper.kill()
             reaper.wait()
+    if expired:
+        return f"{len(expired)} job(s) still pending after {slurm.queue_min:g} min were cancelled"
     return ""
+
+
+def _expire_pending(name: str, after_s: float, stop: threading.Event, expired: list[str]) -> None:
+    """Cancels this call's jobs still pending `after_s` seconds from now (a partition that is
+    down, a queue that never moves): a running job has Slurm's time limit, a pending one none,
+    and the build must never hang."""
+    if stop.wait(after_s):
+        return
+    while not stop.is_set():
+        try:
+            pending = subprocess.run(["squeue", "-h", "--name", name, "-t", "PENDING", "-o", "%i"],
+                                     capture_output=True, text=True, timeout=20, check=False).stdout.split()
+            if pending:
+                subprocess.run(["scancel", *pending], capture_output=True, timeout=20, check=False)
+                expired.extend(pending)
+        except (OSError, subprocess.SubprocessError):
+            pass  # asked again shortly
+        stop.wait(2.0)
 
 
 # Note: the runner takes a stage's worker down with SIGKILL on Ctrl-C, and a kill -9 of the

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call's work, side by side: `make test-gpu` and the fp16 zoo, everything written
+# under $OUT (test logs, the zoo's results and logs), within a time limit.
+#
+#   bash scripts/gpu_session.sh SECONDS [zoo arguments...]
+#   e.g. bash scripts/gpu_session.sh 500 --family tv --jobs 4
+#        bash scripts/gpu_session.sh 500 --family timm,hf --full --no-tests
+#
+# The zoo starts no model in the last 40% of the time (--deadline) and gives each model at most
+# a third of it. A results file from an earlier call is resumed (its models are not run again):
+# copy $OUT/zoo/results.jsonl to build-zoo/results.jsonl (ignored) and pass carry:
+# [".whl", "build-zoo"]. KILN_SERVER=0 for the zoo: each model compiles once, so a stage server
+# would only take cores. Start the call's command with the install line wheels.sh prints.
+set -uo pipefail
+
+limit=${1:?usage: gpu_session.sh SECONDS [zoo arguments...]}
+shift
+tests=1
+zoo_args=()
+for arg in "$@"; do
+    if [ "$arg" = "--no-tests" ]; then tests=0; else zoo_args+=("$arg"); fi
+done
+out=${OUT:?run on the device machine, where \$OUT is set}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt" 2>&1
+
+if [ "$tests" = 1 ]; then
+    (timeout $((limit - 10)) make test-gpu GPU_TEST_ARGS="--jobs 6 --logs $out/gpu-tests" > "$out/test-gpu.log" 2>&1
+     echo "exit $?" >> "$out/test-gpu.log") &
+fi
+
+mkdir -p /tmp/zoo "$out/zoo"
+resume=()
+if [ -f build-zoo/results.jsonl ]; then
+    cp build-zoo/results.jsonl /tmp/zoo/results.jsonl
+    resume=(--resume)
+fi
+KILN_SERVER=0 timeout $((limit - 10)) python3 scripts/zoo.py --target cuda --dtype float16 --latency \
+    --timeout $((limit / 3)) --deadline $((limit * 6 / 10)) --out /tmp/zoo "${resume[@]}" "${zoo_args[@]}" \
+    > "$out/zoo.log" 2>&1
+cp -r /tmp/zoo/results.jsonl /tmp/zoo/logs "$out/zoo/" 2>/dev/null
+wait
+tail -n 3 "$out/test-gpu.log" 2>/dev/null
+tail -n 4 "$out/zoo.log"

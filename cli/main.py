@@ -33,8 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--until", choices=stage_names(), metavar="STAGE", help="stop after STAGE")
     c.add_argument("--in-process", action="store_true", help="run stages in this process")
     c.add_argument("--executor", choices=("local", "slurm"),
-                   help="where per-kernel tuning runs (default: $KILN_EXECUTOR, else local); slurm "
-                        "takes $KILN_SLURM_PARTITION, _GRES, _TIME_MIN, _ACCOUNT, _JOBS")
+                   help="where per-kernel tuning runs (default: $KILN_EXECUTOR, else local); slurm takes "
+                        "$KILN_SLURM_PARTITION, _GRES, _TIME_MIN, _QUEUE_MIN, _ACCOUNT, _JOBS, _EXCLUSIVE")
     c.add_argument("--quiet", action="store_true", help="no live display")
 
     r = sub.add_parser("report", help="print the last compile report of a model")

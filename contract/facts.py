@@ -14,6 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from contract.errors import KilnError
 from contract.toolchain import CROSS_ARCH, cxx_fact, host_isa, ptxas_fact
 
 TARGETS = ("cpu", "cuda")
@@ -67,13 +68,37 @@ def executor_settings(kind: str | None) -> dict[str, str]:
     slurm, the job settings from $KILN_SLURM_PARTITION, _GRES, _TIME_MIN, _QUEUE_MIN, _ACCOUNT,
     _JOBS and _EXCLUSIVE (0: jobs may share a node)."""
     chosen = kind or os.environ.get("KILN_EXECUTOR", "") or "local"
+    if chosen not in ("local", "slurm"):
+        raise KilnError(f"KILN_EXECUTOR={chosen!r} is no executor", "use local or slurm")
     settings = {"kind": chosen}
     if chosen == "slurm":
         for name in _SLURM_SETTINGS:
             value = os.environ.get(f"KILN_SLURM_{name.upper()}", "")
             if value:
                 settings[name] = value
+        _check_numbers(settings)
     return settings
+
+
+def _check_numbers(settings: dict[str, str]) -> None:
+    wanted = {"time_min": "a whole number of minutes", "jobs": "a whole number",
+              "queue_min": "a number of minutes", "exclusive": "0 or 1"}
+    for name, what in wanted.items():
+        value = settings.get(name)
+        if value is None:
+            continue
+        ok = value in ("0", "1") if name == "exclusive" else _positive(value, name != "queue_min")
+        if not ok:
+            raise KilnError(f"KILN_SLURM_{name.upper()}={value!r} is not {what}",
+                            f"set it to {what} (or unset it for the default)")
+
+
+def _positive(value: str, whole: bool) -> bool:
+    try:
+        number = int(value) if whole else float(value)
+    except ValueError:
+        return False
+    return number > 0
 
 
 def gpu_count() -> int:

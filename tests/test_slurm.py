@@ -130,8 +130,10 @@ def test_a_cancelled_job_s_kernels_are_tuned_here_and_the_report_says_so(
 
 
 def test_an_interrupted_compile_leaves_no_job_behind(slurm: dict[str, str], tmp_path: Path) -> None:
+    """kill -9 of the compile while its jobs run (wide: 200 kernels, so they run for a while):
+    the jobs end cancelled, not completed."""
     env = dict(slurm, KILN_EXECUTOR="slurm", KILN_SLURM_JOBS="2")
-    cmd = [sys.executable, "-m", "kiln", "--cache-dir", str(tmp_path / "cache"), "compile", "mlp",
+    cmd = [sys.executable, "-m", "kiln", "--cache-dir", str(tmp_path / "cache"), "compile", "wide",
            "--target", "cpu", "--quiet", "--out", str(tmp_path / "out")]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -141,16 +143,20 @@ def test_an_interrupted_compile_leaves_no_job_behind(slurm: dict[str, str], tmp_
                              check=False).stdout
         return [name for name in out.split() if name.startswith("kiln-")]
 
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while not queued() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    assert queued(), "no job was submitted"
+    names = set(queued())
+    assert names, "no job was submitted"
     os.killpg(proc.pid, 9)  # as hard as it gets: no handler runs in any of kiln's processes
     proc.wait()
     deadline = time.monotonic() + 30
     while queued() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not queued()
+    ended = {state for name, state in _jobs(slurm).values() if name in names}
+    assert ended, names
+    assert all(state.startswith("CANCELLED") for state in ended), ended  # "CANCELLED by 0"
 
 
 def test_the_executor_comes_from_the_flag_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,6 +177,12 @@ def test_the_executor_comes_from_the_flag_then_the_environment(monkeypatch: pyte
     assert shares_of(["a"], 4) == [["a"]]
     with pytest.raises(KilnError, match="unknown executor 'sge'"):
         kind_of({"kind": "sge"})
+    monkeypatch.setenv("KILN_SLURM_TIME_MIN", "1:00:00")
+    with pytest.raises(KilnError, match="KILN_SLURM_TIME_MIN='1:00:00' is not a whole number of minutes"):
+        executor_settings(None)
+    monkeypatch.setenv("KILN_EXECUTOR", "sge")
+    with pytest.raises(KilnError, match="is no executor"):
+        executor_settings(None)
 
 
 def test_the_engine_overhead_counts_only_time_no_job_was_tuning() -> None:
@@ -192,3 +204,21 @@ def test_jobs_that_wait_in_the_queue_too_long_are_cancelled_and_tuned_here(
     note = _autotune_note(result)
     assert "3 rerun here, as their job did not finish" in note, note
     assert "still pending after 0.05 min were cancelled" in note, note
+
+
+def test_a_node_with_another_compiler_tunes_nothing(tmp_path: Path) -> None:
+    """Its objects would be filed under this build's compiler key: it refuses, and says why."""
+    from tasks.targets.cpu.remote import tune_share
+
+    result = compile_model(load_config("mlp"), BuildOptions("cpu", tmp_path / "b", until="gen-tuning-code"),
+                           Cache.open(tmp_path / "cache"))
+    spec = result.entries["gen-tuning-code"].file("kernels.json")
+    keys = [k["key"] for k in json.loads(spec.read_text())["kernels"]]
+    out = tmp_path / "out"
+    out.mkdir()
+    tune_share(json.dumps({"spec": str(spec), "compiler": ["g++"], "repeat": 1, "cxx": "g++ 0.0 (not here)",
+                           "keys": keys, "out": str(out)}))
+    marks = [json.loads(p.read_text()) for p in out.glob("share-*.json")]
+    assert len(marks) == 1
+    assert "not 'g++ 0.0 (not here)'" in marks[0]["refused"]
+    assert not any((out / key).exists() for key in keys)

@@ -18,6 +18,7 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -76,16 +77,18 @@ def shares_of(keys: list[str], count: int) -> list[list[str]]:
 def run_shares(fn: Callable[[str], str], shares: list[str], settings: Mapping[str, str],
                scratch: Path) -> str:
     """Each share (a JSON text fn reads) as one Slurm job running fn(share); "" when every job
-    ran to its end, else the first failure pydra saw.
+    ran to its end, else what went wrong.
 
     fn writes what it makes, and a marker per finished share, where the share says: the caller
     takes what is there and reruns the rest here. Every job has a deadline: time_min once it
-    runs, queue_min while it waits; Ctrl-C, a failed job or any error here cancels every job of
-    this call still queued or running.
+    runs, queue_min while it waits with none of its siblings running. Ctrl-C or any error here
+    cancels every job of this call still queued or running.
 
     Note: pydra's Submitter stops waiting at the first job that fails and leaves the others
-    running, so the outcome of each share is read from its marker, never from pydra's results.
+    running, so after a failure the others are waited for here (their deadlines hold), and the
+    outcome of each share is read from its marker, never from pydra's results.
     """
+    os.environ["NO_ET"] = "1"  # before pydra is imported; the jobs inherit it: no etelemetry ping
     try:
         import pydra  # type: ignore[import-untyped]
     except ModuleNotFoundError as err:
@@ -94,49 +97,69 @@ def run_shares(fn: Callable[[str], str], shares: list[str], settings: Mapping[st
     _check_slurm()
     slurm = Slurm.from_settings(settings)
     name = f"kiln-{uuid.uuid4().hex[:12]}"
-    os.environ["NO_ET"] = "1"  # the jobs inherit it: no etelemetry request from a node
     task = pydra.mark.task(fn)
     scratch.mkdir(parents=True, exist_ok=True)
-    reaper = _reaper(name)
     stop = threading.Event()
-    expired: list[str] = []
-    threading.Thread(target=_expire_pending, args=(name, slurm.queue_min * 60, stop, expired),
-                     daemon=True).start()
-    with tempfile.TemporaryDirectory(dir=scratch, prefix="pydra-") as cache:
-        work = task(name="kiln_share", cache_dir=cache).split("share", share=shares)
-        try:
-            with pydra.Submitter(plugin="slurm", sbatch_args=slurm.sbatch_args(name),
-                                 poll_delay=_POLL_S) as submitter:
-                submitter(work)
-        except Exception as err:  # a job failed, timed out or was cancelled: its markers tell
-            first = (str(err).strip().splitlines() or [""])[0]
-            return f"{type(err).__name__}: {first[:300]}"
-        finally:
-            stop.set()
-            _cancel(name)
-            reaper.kill()
-            reaper.wait()
+    expired: set[str] = set()
+    error = ""
+    reaper = _reaper(name)
+    try:
+        threading.Thread(target=_expire_pending, args=(name, slurm.queue_min * 60, stop, expired),
+                         daemon=True).start()
+        with tempfile.TemporaryDirectory(dir=scratch, prefix="pydra-", ignore_cleanup_errors=True) as cache:
+            work = task(name="kiln_share", cache_dir=cache).split("share", share=shares)
+            try:
+                with pydra.Submitter(plugin="slurm", sbatch_args=slurm.sbatch_args(name),
+                                     poll_delay=_POLL_S) as submitter:
+                    submitter(work)
+            except Exception as err:  # a job failed, timed out or was cancelled: its markers tell
+                first = (str(err).strip().splitlines() or [""])[0]
+                error = f"{type(err).__name__}: {first[:300]}"
+                _wait_for_the_rest(name)
+    finally:
+        stop.set()
+        _cancel(name)
+        reaper.kill()
+        reaper.wait()
     if expired:
-        return f"{len(expired)} job(s) still pending after {slurm.queue_min:g} min were cancelled"
-    return ""
+        late = f"{len(expired)} job(s) still pending after {slurm.queue_min:g} min were cancelled"
+        error = f"{late}; {error}" if error else late
+    return error
 
 
-def _expire_pending(name: str, after_s: float, stop: threading.Event, expired: list[str]) -> None:
-    """Cancels this call's jobs still pending `after_s` seconds from now (a partition that is
-    down, a queue that never moves): a running job has Slurm's time limit, a pending one none,
-    and the build must never hang."""
-    if stop.wait(after_s):
-        return
-    while not stop.is_set():
-        try:
-            pending = subprocess.run(["squeue", "-h", "--name", name, "-t", "PENDING", "-o", "%i"],
-                                     capture_output=True, text=True, timeout=20, check=False).stdout.split()
-            if pending:
-                subprocess.run(["scancel", *pending], capture_output=True, timeout=20, check=False)
-                expired.extend(pending)
-        except (OSError, subprocess.SubprocessError):
-            pass  # asked again shortly
-        stop.wait(2.0)
+def _jobs_of(name: str) -> list[tuple[str, str]]:
+    """(id, state) of this call's jobs still queued or running; [] if squeue cannot say."""
+    try:
+        out = subprocess.run(["squeue", "-h", "--name", name, "-o", "%i %t"], capture_output=True, text=True,
+                             timeout=20, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [(line.split()[0], line.split()[1]) for line in out.splitlines() if len(line.split()) == 2]
+
+
+def _wait_for_the_rest(name: str) -> None:
+    """Waits until none of this call's jobs is queued or running (each has a deadline)."""
+    while _jobs_of(name):
+        time.sleep(_POLL_S)
+
+
+def _expire_pending(name: str, after_s: float, stop: threading.Event, expired: set[str]) -> None:
+    """Cancels this call's pending jobs once `after_s` seconds have passed with none of them
+    running (a partition that is down, a queue that never moves): a running job has Slurm's time
+    limit, a pending one none, and the build must never hang. A job pending behind a running
+    sibling (on an exclusive node) is waiting for it, not for the queue."""
+    idle_since = time.monotonic()
+    while not stop.wait(1.0):
+        jobs = _jobs_of(name)
+        if any(state in ("R", "CG", "CF") for _, state in jobs):
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > after_s and jobs:
+            try:
+                subprocess.run(["scancel", "--state=PENDING", "--name", name], capture_output=True,
+                               timeout=20, check=False)
+            except (OSError, subprocess.SubprocessError):
+                continue  # asked again shortly
+            expired.update(job for job, state in jobs if state == "PD")
 
 
 # Note: the runner takes a stage's worker down with SIGKILL on Ctrl-C, and a kill -9 of the

@@ -97,7 +97,8 @@ def _remote(job: StageJob, missing: list[dict[str, Any]], kernels_json: Path,
         return None
     from tasks.targets.cpu.remote import tune_remotely
 
-    return tune_remotely(missing, kernels_json, compiler, REPEAT, job.executor, Path(job.store_root))
+    return tune_remotely(missing, kernels_json, compiler, REPEAT, job.executor, Path(job.store_root),
+                         job.env.get("cxx", ""))
 
 
 def _filed(made: Path, out: Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract.facts import env_fact
 from tasks.autotune.executors import Slurm, run_shares, shares_of
 
 RECORD, OBJECT = "record.json", "kernel.o"
@@ -41,6 +42,11 @@ def tune_share(share: str) -> str:
     job_id = os.environ.get("SLURM_JOB_ID", "?")
     where = f"slurm job {job_id} on {socket.gethostname()}"
     started = time.time()  # wall clock: the stage compares it with its own (one host, or NTP's)
+    found = env_fact("cxx", "cpu")
+    if found != args["cxx"]:  # its objects would be filed under another compiler's key
+        _mark(out, job_id, {"where": where, "start": started, "end": time.time(),
+                            "refused": f"{where} has compiler {found!r}, not {args['cxx']!r}"})
+        return where
     with tempfile.TemporaryDirectory() as tmp:
         built = cpu_tune.build_variants(entries, folder, args["compiler"], Path(tmp))
         for entry in entries:
@@ -54,9 +60,15 @@ def tune_share(share: str) -> str:
             shutil.copyfile(Path(winner).with_suffix(".o"), staging / OBJECT)
             (staging / RECORD).write_text(json.dumps(record | {"where": where}, sort_keys=True))
             staging.rename(out / entry["key"])
-    mark = {"where": where, "start": started, "end": time.time()}
-    (out / f"share-{job_id}.json").write_text(json.dumps(mark))
+    _mark(out, job_id, {"where": where, "start": started, "end": time.time()})
     return where
+
+
+def _mark(out: Path, job_id: str, mark: dict[str, Any]) -> None:
+    """The share's marker, whole or not at all (the stage may read it as the job ends)."""
+    staging = out / f".share-{job_id}.{os.getpid()}"
+    staging.write_text(json.dumps(mark))
+    staging.rename(out / f"share-{job_id}.json")
 
 
 @dataclass(frozen=True)
@@ -82,15 +94,16 @@ class Remote:
 
 
 def tune_remotely(missing: list[dict[str, Any]], kernels_json: Path, compiler: list[str], repeat: int,
-                  settings: Mapping[str, str], store_root: Path) -> Remote:
+                  settings: Mapping[str, str], store_root: Path, cxx: str) -> Remote:
     """Submits the missing kernels as a few jobs and waits for them. The caller files what they
-    made and removes the folder."""
+    made and removes the folder. A node whose compiler is not `cxx` (this build's key fact)
+    tunes nothing, and its kernels are tuned here."""
     # Note: named as the store's staging folders are (stage-what-pid-uuid), so gc's clean_tmp
     # removes it should this process die before it does.
     out = store_root / "tmp" / f"autotune-remote-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     out.mkdir(parents=True)
     keys = [e["key"] for e in missing]
-    shares = [json.dumps({"spec": str(kernels_json), "compiler": compiler, "repeat": repeat,
+    shares = [json.dumps({"spec": str(kernels_json), "compiler": compiler, "repeat": repeat, "cxx": cxx,
                           "keys": share, "out": str(out)})
               for share in shares_of(keys, Slurm.from_settings(settings).jobs)]
     started = time.time()
@@ -98,8 +111,10 @@ def tune_remotely(missing: list[dict[str, Any]], kernels_json: Path, compiler: l
     ended = time.time()
     done = [json.loads(p.read_text()) for p in sorted(out.glob("share-*.json"))]
     spans = [(max(d["start"], started), min(d["end"], ended)) for d in done]
-    return Remote(out, len(shares), len(keys), ended - started, _union(spans),
-                  tuple(d["where"] for d in done), error)
+    refused = [d["refused"] for d in done if "refused" in d]
+    filed = sum(1 for key in keys if (out / key).is_dir())
+    return Remote(out, len(shares), filed, ended - started, _union(spans),
+                  tuple(d["where"] for d in done), "; ".join([*refused, error] if error else refused))
 
 
 def _union(spans: list[tuple[float, float]]) -> float:

@@ -64,6 +64,8 @@ def run(job: StageJob) -> Mapping[str, Any]:
     untuned = covered["kernels"] - covered["tuned"]
     peak = max((r.peak_bytes for r in records.values()), default=0)
     note = f"{coverage_text(covered)} ({hits} cached)"
+    if job.executor.get("kind", "local") != "local" and missing:
+        note += " (tuned here: the slurm executor covers the cpu target only so far)"
     if gpu == "none":
         note += f" (no GPU: default candidates for sm_{spec.arch})"
     elif len(records) > hits:

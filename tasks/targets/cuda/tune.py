@@ -37,7 +37,7 @@ _MAX_PRECOMPILE = 12  # processes compiling candidates beside the tuning workers
 _SLEEP_CYCLES = 200_000  # ~0.1 ms at GPU clocks: longer than the host needs to queue one launch
 _SETTLE_SLACK_S, _SETTLE_SLACK = 2e-6, 0.15  # what the default may lose to its bound, and still ship
 _PROBE_BYTES = 64 << 20  # the copy that measures bandwidth: beyond L2 (50 MB on an H100 or H200)
-_FULL = "KILN_TUNE_FULL"  # set (to 1) in the workers of `tune.py --full`
+_TUNE_FULL: list[bool] = []  # non-empty in a worker of `tune.py --full` (its --full flag)
 _DECIDED = "decided"  # a folder of empty files, one per kernel a worker has decided
 
 
@@ -112,14 +112,14 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
     torch.cuda.reset_peak_memory_stats()
     base = random_inputs(entry["params"], "cuda")
     inputs_bytes = sum(t.untyped_storage().nbytes() for t in base)
-    bound = bound_seconds(base, roles)
+    bound = bound_seconds(base, roles, entry["xnumel"] * entry["rnumel"])
     timings: dict[str, float | None] = {}
     errors: dict[str, str] = {}
     reference: list[Any] | None = None
     compiled: dict[str, Any] = {}
     base = [None if role == "out" else t for t, role in zip(base, roles, strict=True)]
     tensors: list[Any] = []
-    settled = False
+    settled, default = False, labels(entry)[0]  # only the default settles: a rival is no default
     for label, variant, config in candidates(entry):
         if settled:
             break
@@ -144,7 +144,7 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
             timings[label], errors[label] = None, "outputs differ from the default candidate's"
             continue
         timings[label] = took = seconds(compiled[label], entry, variant, tensors, config)
-        settled = len(timings) == len(errors) + 1 and settles(took, bound)
+        settled = label == default and settles(took, bound)
     record = decide(entry, timings, errors)
     record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
                "gpu": torch.cuda.get_device_name(), "bound": bound, "settled": settled}
@@ -168,15 +168,17 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
 # full; `tune.py --full` tunes every kernel in full.
 def settles(default_s: float, bound_s: float) -> bool:
     """Whether a default that takes `default_s` is close enough to `bound_s` to ship untried rivals."""
-    if os.environ.get(_FULL) == "1":
+    if _TUNE_FULL:
         return False
     return default_s <= bound_s + max(_SETTLE_SLACK_S, _SETTLE_SLACK * bound_s)
 
 
-def bound_seconds(tensors: list[Any], roles: list[str]) -> float:
-    """The least time a kernel moving these tensors can take on this GPU (see settles)."""
-    moved: int = sum(t.untyped_storage().nbytes() * (2 if role == "inout" else 1)
-                     for t, role in zip(tensors, roles, strict=True))
+def bound_seconds(tensors: list[Any], roles: list[str], elements: int) -> float:
+    """The least time a kernel moving these tensors can take on this GPU (see settles). A
+    kernel of `elements` (x, r) points touches at most that many elements of each tensor: a
+    gather from a large table reads a few rows of it, not the whole storage."""
+    moved: int = sum(min(t.untyped_storage().nbytes(), elements * t.element_size())
+                     * (2 if role == "inout" else 1) for t, role in zip(tensors, roles, strict=True))
     floor, bandwidth = _device_limits()
     return floor + moved / bandwidth
 
@@ -401,7 +403,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int,
-             on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+             on_progress: Callable[[int, int], None] | None = None, full: bool = False) -> dict[str, Any]:
     """Tunes `keys` with one worker process per GPU. A worker that dies costs only the kernel
     it was on (recorded as failed); a new worker takes the rest of its list. on_progress hears
     (kernels done, kernels in all) as workers finish kernels."""
@@ -414,7 +416,7 @@ def tune_all(kernels: Path, keys: list[str], cubins: Path | None, gpus: int,
         workers: list[_Worker] = []
         try:
             while any(queues):
-                workers = [_Worker(kernels, device, queue, Path(tmp), cubins)
+                workers = [_Worker(kernels, device, queue, Path(tmp), cubins, full)
                            for device, queue in enumerate(queues) if queue]
                 while any(w.running() for w in workers):
                     if on_progress is not None:
@@ -476,14 +478,15 @@ def _physical_gpu(index: int) -> str:
 class _Worker:
     """One tuning process on one GPU, working through its queue of kernels."""
 
-    def __init__(self, kernels: Path, device: int, queue: list[str], tmp: Path, cubins: Path | None) -> None:
+    def __init__(self, kernels: Path, device: int, queue: list[str], tmp: Path, cubins: Path | None,
+                 full: bool) -> None:
         self.device, self.queue = device, queue
         self.out, self.err = tmp / f"gpu{device}.jsonl", tmp / f"gpu{device}.err"
         self.out.write_text("")
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=_physical_gpu(device))
         cmd = [sys.executable, __file__, "--spec", str(kernels), "--worker", ",".join(queue),
                "--out", str(self.out), "--decided", str(tmp / _DECIDED),
-               *(["--cubins", str(cubins)] if cubins else [])]
+               *(["--cubins", str(cubins)] if cubins else []), *(["--full"] if full else [])]
         with self.err.open("w") as err:
             self.proc = subprocess.Popen(cmd, env=env, stderr=err, stdout=subprocess.DEVNULL)
         self.deadline = time.monotonic() + _WORKER_TIMEOUT_S * len(queue)
@@ -525,12 +528,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--decided", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.full:
+        _TUNE_FULL.append(True)
     if args.worker:
         return _worker(args)
     if args.precompile:
         return _precompile_worker(args)
-    if args.full:
-        os.environ[_FULL] = "1"  # the workers inherit it
     import torch
 
     if not torch.cuda.is_available():
@@ -544,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     if only is not None and not keys:
         print(f"tune.py: no kernel is named {args.kernels}; kernels.json lists them", file=sys.stderr)
         return 2
-    records = tune_all(args.spec, keys, args.cubins, torch.cuda.device_count())
+    records = tune_all(args.spec, keys, args.cubins, torch.cuda.device_count(), full=args.full)
     args.out.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
     for entry in spec["kernels"]:
         r = records.get(entry["key"])

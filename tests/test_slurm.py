@@ -27,8 +27,11 @@ SCRIPT = ROOT / "scripts" / "slurm_local.sh"
 
 
 def _free_ports(count: int) -> int:
-    """A base port with `count` free ports from it."""
-    for base in range(21000, 40000, 97):
+    """A base port with `count` free ports from it. The search starts at a place of this
+    process's own, so two test workers starting clusters at once do not pick the same ports."""
+    start = 21000 + (os.getpid() % 1500) * 12
+    bases: list[int] = [*range(start, 40000, 97), *range(21000, start, 97)]
+    for base in bases:
         try:
             for port in range(base, base + count):
                 with socket.socket() as s:

@@ -30,6 +30,7 @@ from contract.errors import KilnError
 from contract.job import StageJob
 from contract.timings import TimingRecord, timings_json
 from tasks.autotune.coverage import coverage, coverage_text, placed
+from tasks.autotune.executors import SLURM, kind_of
 from tasks.targets.cuda import tune as cuda_tune
 from tasks.targets.cuda.decisions import CudaDecision, LaunchFacts, tuning_json
 from tasks.targets.cuda.spec import CudaKernelEntry, CudaKernelsJson
@@ -64,7 +65,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     untuned = covered["kernels"] - covered["tuned"]
     peak = max((r.peak_bytes for r in records.values()), default=0)
     note = f"{coverage_text(covered)} ({hits} cached)"
-    if job.executor.get("kind", "local") != "local" and missing:
+    if kind_of(job.executor) == SLURM and missing:
         note += " (tuned here: the slurm executor covers the cpu target only so far)"
     if gpu == "none":
         note += f" (no GPU: default candidates for sm_{spec.arch})"

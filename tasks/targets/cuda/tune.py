@@ -16,6 +16,7 @@ kernel. It never runs the model. This file imports nothing from kiln.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -183,24 +184,24 @@ def bound_seconds(tensors: list[Any], roles: list[str], elements: int) -> float:
     return floor + moved / bandwidth
 
 
-_LIMITS: list[tuple[float, float]] = []
-
-
+@functools.cache
 def _device_limits() -> tuple[float, float]:
     """(seconds of an empty launch, bytes per second of a device copy), measured once per
     process the way candidates are timed, so a bound and a candidate's time compare."""
     import torch
 
-    if not _LIMITS:
-        one = torch.empty(1, device="cuda")
-        floor = _timed(one.zero_)
-        src = torch.empty(_PROBE_BYTES, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        copy = _timed(lambda: dst.copy_(src))
-        del one, src, dst
-        torch.cuda.empty_cache()
-        _LIMITS.append((floor, 2 * _PROBE_BYTES / max(copy - floor, 1e-9)))
-    return _LIMITS[0]
+    floor = _timed(torch.empty(1, device="cuda").zero_)
+    copy = _copy_seconds()
+    torch.cuda.empty_cache()  # the probe's buffers, freed by now
+    return floor, 2 * _PROBE_BYTES / max(copy - floor, 1e-9)
+
+
+def _copy_seconds() -> float:
+    import torch
+
+    src = torch.empty(_PROBE_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return _timed(lambda: dst.copy_(src))
 
 
 def _fresh(param: dict[str, Any]) -> Any:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import tomllib
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
 from contract.errors import KilnError
+from contract.executor_settings import from_table
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # kiln's own top-level packages: never model code, never in a trace's depfile
@@ -24,7 +26,7 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
 DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, "bool")
 DEVICES = ("auto", "cpu", "cuda")
-_SECTIONS = {"description", "model", "inputs", "weights"}
+_SECTIONS = {"description", "model", "inputs", "weights", "executor"}
 _MODEL_KEYS = {"factory", "kwargs", "dtype", "device", "requires", "project"}
 _INPUT_KEYS = {"name", "shape", "dtype", "range"}
 _WEIGHT_KEYS = {"seed", "checkpoint"}
@@ -36,6 +38,9 @@ class ModelConfig:
     path: Path
     project_root: Path
     fields: dict[str, Any]
+    # Note: the [executor] table says where per-kernel work runs, never what it makes, so it is
+    # kept apart from the fields stages declare and never reaches a key.
+    executor: dict[str, str] = dataclass_field(default_factory=dict)
 
     def field(self, dotted: str) -> Any:
         return self.fields.get(dotted)
@@ -92,7 +97,8 @@ def load_config(model: str) -> ModelConfig:
         root = (path.parent / project).resolve()
     else:
         root = path.parent.parent if path.parent.name == "configs" else path.parent
-    return ModelConfig(path.stem, path, root, fields)
+    executor = from_table(_table(raw, "executor", path.name, required=False), path.name)
+    return ModelConfig(path.stem, path, root, fields, executor)
 
 
 def _validate(raw: dict[str, Any], where: str) -> dict[str, Any]:

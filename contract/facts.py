@@ -14,7 +14,6 @@ import re
 import subprocess
 from pathlib import Path
 
-from contract.errors import KilnError
 from contract.toolchain import CROSS_ARCH, cxx_fact, host_isa, ptxas_fact
 
 TARGETS = ("cpu", "cuda")
@@ -58,47 +57,6 @@ def machine_facts(target: str) -> dict[str, int]:
     a cache built on a 16-core machine useless on a 2-core one for identical bytes.
     """
     return {"cores": len(os.sched_getaffinity(0)), "gpus": gpu_count() if target == "cuda" else 0}
-
-
-_SLURM_SETTINGS = ("partition", "gres", "time_min", "queue_min", "account", "jobs", "exclusive")
-
-
-def executor_settings(kind: str | None) -> dict[str, str]:
-    """Where per-kernel work runs: `kind` (--executor), else $KILN_EXECUTOR, else local; for
-    slurm, the job settings from $KILN_SLURM_PARTITION, _GRES, _TIME_MIN, _QUEUE_MIN, _ACCOUNT,
-    _JOBS and _EXCLUSIVE (0: jobs may share a node)."""
-    chosen = kind or os.environ.get("KILN_EXECUTOR", "") or "local"
-    if chosen not in ("local", "slurm"):
-        raise KilnError(f"KILN_EXECUTOR={chosen!r} is no executor", "use local or slurm")
-    settings = {"kind": chosen}
-    if chosen == "slurm":
-        for name in _SLURM_SETTINGS:
-            value = os.environ.get(f"KILN_SLURM_{name.upper()}", "")
-            if value:
-                settings[name] = value
-        _check_numbers(settings)
-    return settings
-
-
-def _check_numbers(settings: dict[str, str]) -> None:
-    wanted = {"time_min": "a whole number of minutes", "jobs": "a whole number",
-              "queue_min": "a number of minutes", "exclusive": "0 or 1"}
-    for name, what in wanted.items():
-        value = settings.get(name)
-        if value is None:
-            continue
-        ok = value in ("0", "1") if name == "exclusive" else _positive(value, name != "queue_min")
-        if not ok:
-            raise KilnError(f"KILN_SLURM_{name.upper()}={value!r} is not {what}",
-                            f"set it to {what} (or unset it for the default)")
-
-
-def _positive(value: str, whole: bool) -> bool:
-    try:
-        number = int(value) if whole else float(value)
-    except ValueError:
-        return False
-    return number > 0
 
 
 def gpu_count() -> int:

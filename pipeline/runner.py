@@ -22,7 +22,8 @@ from cache.records import Records
 from cache.store import Artifact, Entry, Store, scan_artifacts
 from contract.config import ModelConfig
 from contract.errors import KilnError
-from contract.facts import env_fact, executor_settings, machine_facts
+from contract.executor_settings import resolve as resolve_executor
+from contract.facts import env_fact, machine_facts
 from contract.job import StageJob
 from contract.keys import KeyContext, Parts
 from pipeline.codedeps import stage_code_digest
@@ -390,7 +391,7 @@ class Runner:
             code=self.code(stage),
             target=self.options.target,
             machine=self.machine,
-            executor=executor_settings(self.options.executor),
+            executor=resolve_executor(self.options.executor, self.config.executor),
             live=self.options.live,
             lease=str(self.store.lease.path) if self.store.lease is not None else "",
         )

@@ -165,30 +165,56 @@ def test_an_interrupted_compile_leaves_no_job_behind(slurm: dict[str, str], tmp_
     assert all(state.startswith("CANCELLED") for state in ended), ended  # "CANCELLED by 0"
 
 
-def test_the_executor_comes_from_the_flag_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from contract.facts import executor_settings
+def test_the_executor_comes_from_the_flag_then_the_environment_then_the_config(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from contract.executor_settings import resolve
     from tasks.autotune.executors import Slurm, kind_of, shares_of
 
-    monkeypatch.delenv("KILN_EXECUTOR", raising=False)
-    assert executor_settings(None) == {"kind": "local"}
+    for name in ("EXECUTOR", *(f"SLURM_{n}" for n in ("PARTITION", "GRES", "TIME_MIN", "JOBS"))):
+        monkeypatch.delenv(f"KILN_{name}", raising=False)
+    assert resolve(None, {}) == {"kind": "local"}
+    configured = {"kind": "slurm", "partition": "cpu", "time_min": "5", "jobs": "4"}
+    assert resolve(None, configured) == configured
+    assert resolve("local", configured) == {"kind": "local"}
     monkeypatch.setenv("KILN_EXECUTOR", "slurm")
     monkeypatch.setenv("KILN_SLURM_PARTITION", "gpu")
     monkeypatch.setenv("KILN_SLURM_GRES", "gpu:1")
-    settings = executor_settings(None)
+    settings = resolve(None, {})
     assert settings == {"kind": "slurm", "partition": "gpu", "gres": "gpu:1"}
-    assert executor_settings("local") == {"kind": "local"}
+    assert resolve(None, configured) == {**configured, "partition": "gpu", "gres": "gpu:1"}
+    assert resolve("local", {}) == {"kind": "local"}
     args = Slurm.from_settings(settings).sbatch_args("kiln-x")
     assert args == "-J kiln-x -t 30 --no-requeue --exclusive -p gpu --gres=gpu:1"
     assert shares_of(["a", "b", "c"], 2) == [["a", "c"], ["b"]]
     assert shares_of(["a"], 4) == [["a"]]
-    with pytest.raises(KilnError, match="unknown executor 'sge'"):
+    with pytest.raises(KilnError, match="executor='sge' is no executor"):
         kind_of({"kind": "sge"})
     monkeypatch.setenv("KILN_SLURM_TIME_MIN", "1:00:00")
     with pytest.raises(KilnError, match="KILN_SLURM_TIME_MIN='1:00:00' is not a whole number of minutes"):
-        executor_settings(None)
+        resolve(None, {})
     monkeypatch.setenv("KILN_EXECUTOR", "sge")
-    with pytest.raises(KilnError, match="is no executor"):
-        executor_settings(None)
+    with pytest.raises(KilnError, match="KILN_EXECUTOR='sge' is no executor"):
+        resolve(None, {})
+
+
+def test_a_config_executor_table_is_checked_and_never_reaches_a_key(tmp_path: Path) -> None:
+
+    body = (ROOT / "configs" / "mlp.toml").read_text()
+    path = tmp_path / "configs" / "m.toml"
+    path.parent.mkdir()
+    path.write_text(body + '\n[executor]\nkind = "slurm"\npartition = "cpu"\ntime_min = 5\n'
+                    'queue_min = 0.5\nexclusive = false\n')
+    config = load_config(str(path))
+    assert config.executor == {"kind": "slurm", "partition": "cpu", "time_min": "5",
+                               "queue_min": "0.5", "exclusive": "0"}
+    assert not any(name.startswith("executor") for name in config.fields)
+    for table, error in (('time_min = "1:00"', r"executor.time_min='1:00' is not a whole number"),
+                         ('kind = "sge"', "executor.kind='sge' is no executor"),
+                         ('nodes = 2', r"unknown key\(s\) nodes in \[executor\]"),
+                         ('jobs = 0', "executor.jobs='0' is not a whole number")):
+        path.write_text(body + f"\n[executor]\n{table}\n")
+        with pytest.raises(KilnError, match=error):
+            load_config(str(path))
 
 
 def test_the_engine_overhead_counts_only_time_no_job_was_tuning() -> None:

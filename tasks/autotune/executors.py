@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.errors import KilnError
+from contract.executor_settings import LOCAL, check_kind
 
-LOCAL, SLURM = "local", "slurm"
-KINDS = (LOCAL, SLURM)
 _POLL_S = 0.5  # how often pydra asks squeue about a job
 
 
@@ -62,10 +61,7 @@ class Slurm:
 
 
 def kind_of(settings: Mapping[str, str]) -> str:
-    kind = settings.get("kind", LOCAL) or LOCAL
-    if kind not in KINDS:
-        raise KilnError(f"unknown executor {kind!r}", f"use one of {', '.join(KINDS)}")
-    return kind
+    return check_kind(settings.get("kind", LOCAL) or LOCAL, "executor")
 
 
 def shares_of(keys: list[str], count: int) -> list[list[str]]:

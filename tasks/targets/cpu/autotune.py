@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from cache.hashing import digest_file, digest_json, pretty_json
 from contract.errors import KilnError
+from contract.executor_settings import SLURM
 from contract.job import StageJob
 from contract.timings import TimingRecord, timings_json
 from contract.toolchain import cxx
 from tasks.autotune.coverage import coverage, coverage_text, placed
-from tasks.autotune.executors import SLURM, kind_of
+from tasks.autotune.executors import kind_of
 from tasks.targets.cpu.decisions import CpuDecision, tuning_json
 from tasks.targets.cpu.spec import CpuKernelEntry, CpuKernelsJson
 

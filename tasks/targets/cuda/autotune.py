@@ -27,10 +27,11 @@ from typing import Any
 
 from cache.hashing import digest_file, digest_json, pretty_json
 from contract.errors import KilnError
+from contract.executor_settings import SLURM
 from contract.job import StageJob
 from contract.timings import TimingRecord, timings_json
 from tasks.autotune.coverage import coverage, coverage_text, placed
-from tasks.autotune.executors import SLURM, kind_of
+from tasks.autotune.executors import kind_of
 from tasks.targets.cuda import tune as cuda_tune
 from tasks.targets.cuda.decisions import CudaDecision, LaunchFacts, tuning_json
 from tasks.targets.cuda.spec import CudaKernelEntry, CudaKernelsJson

@@ -38,7 +38,6 @@ _MAX_PRECOMPILE = 12  # processes compiling candidates beside the tuning workers
 _SLEEP_CYCLES = 200_000  # ~0.1 ms at GPU clocks: longer than the host needs to queue one launch
 _SETTLE_SLACK_S, _SETTLE_SLACK = 2e-6, 0.15  # what the default may lose to its bound, and still ship
 _PROBE_BYTES = 64 << 20  # the copy that measures bandwidth: beyond L2 (50 MB on an H100 or H200)
-_TUNE_FULL: list[bool] = []  # non-empty in a worker of `tune.py --full` (its --full flag)
 _DECIDED = "decided"  # a folder of empty files, one per kernel a worker has decided
 
 
@@ -102,8 +101,10 @@ def candidates(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[st
     return [(f"{v['name']}:{i}", v, c) for v in entry["variants"] for i, c in enumerate(v["configs"])]
 
 
-def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dict[str, Any]:
-    """Every candidate of one kernel on this process's GPU; the record of the winner."""
+def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None,
+                full: bool = False) -> dict[str, Any]:
+    """Every candidate of one kernel on this process's GPU (`full`: even where the default
+    settles it); the record of the winner."""
     import torch
 
     module = load_module(folder / entry["file"])
@@ -145,7 +146,7 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
             timings[label], errors[label] = None, "outputs differ from the default candidate's"
             continue
         timings[label] = took = seconds(compiled[label], entry, variant, tensors, config)
-        settled = label == default and settles(took, bound)
+        settled = label == default and not full and settles(took, bound)
     record = decide(entry, timings, errors)
     record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
                "gpu": torch.cuda.get_device_name(), "bound": bound, "settled": settled}
@@ -169,8 +170,6 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None) -> dic
 # full; `tune.py --full` tunes every kernel in full.
 def settles(default_s: float, bound_s: float) -> bool:
     """Whether a default that takes `default_s` is close enough to `bound_s` to ship untried rivals."""
-    if _TUNE_FULL:
-        return False
     return default_s <= bound_s + max(_SETTLE_SLACK_S, _SETTLE_SLACK * bound_s)
 
 
@@ -396,7 +395,8 @@ def _worker(args: argparse.Namespace) -> int:
     entries = {e["key"]: e for e in spec["kernels"]}
     with args.out.open("a") as out:
         for key in args.worker.split(","):
-            out.write(json.dumps(tune_kernel(entries[key], folder, args.cubins), sort_keys=True) + "\n")
+            record = tune_kernel(entries[key], folder, args.cubins, args.full)
+            out.write(json.dumps(record, sort_keys=True) + "\n")
             out.flush()
             if args.decided is not None:
                 (args.decided / key).touch()  # precompiles skip its candidates from now on
@@ -529,8 +529,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--decided", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.full:
-        _TUNE_FULL.append(True)
     if args.worker:
         return _worker(args)
     if args.precompile:

@@ -22,6 +22,8 @@ SLURM_SETTINGS: dict[str, str | None] = {
     "partition": None, "gres": None, "account": None,
     "time_min": "a whole number of minutes", "jobs": "a whole number",
     "queue_min": "a number of minutes", "exclusive": "0 or 1",
+    # the cuda target's tuning GPU on the nodes, as nvidia-smi names it: "NVIDIA H200", sm_90
+    "gpu": None, "arch": "sm_ and the compute capability, e.g. sm_90",
 }
 KEYS = ("kind", *SLURM_SETTINGS)
 
@@ -37,7 +39,10 @@ def check_setting(name: str, value: str, where: str) -> str:
     wanted = SLURM_SETTINGS[name]
     if wanted is None:
         return value
-    ok = value in ("0", "1") if name == "exclusive" else _positive(value, name != "queue_min")
+    if name == "arch":
+        ok = value.startswith("sm_") and value[3:].isdigit()
+    else:
+        ok = value in ("0", "1") if name == "exclusive" else _positive(value, name != "queue_min")
     if not ok:
         raise KilnError(f"{where}={value!r} is not {wanted}",
                         f"set it to {wanted} (or remove it for the default)")
@@ -50,6 +55,22 @@ def _positive(value: str, whole: bool) -> bool:
     except ValueError:
         return False
     return number > 0
+
+
+# Note: a kernel's tuning is keyed by the GPU it ran on, and on a cluster that is the nodes' GPU,
+# which this host cannot see (it may have none, or another) and must know before it submits:
+# the keys decide what is a miss. So the settings name it, and a node with another GPU refuses.
+def tuning_gpu(settings: Mapping[str, str]) -> tuple[str, str] | None:
+    """(model, arch) of the GPU the cuda target tunes on, where the executor is not this host."""
+    if settings.get("kind") != SLURM:
+        return None
+    if not settings.get("gpu") or not settings.get("arch"):
+        raise KilnError("the slurm executor tunes the cuda target on the nodes' GPU, and kiln must know "
+                        "which before it submits (the GPU keys each kernel's tuning)",
+                        'set gpu = "NVIDIA H200" and arch = "sm_90" in the config\'s [executor] table '
+                        "(or KILN_SLURM_GPU and KILN_SLURM_ARCH), as "
+                        "nvidia-smi --query-gpu=name,compute_cap names the nodes' GPU")
+    return settings["gpu"], settings["arch"]
 
 
 def from_table(table: Mapping[str, Any], where: str) -> dict[str, str]:

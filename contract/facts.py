@@ -12,8 +12,10 @@ import os
 import platform
 import re
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
+from contract.executor_settings import tuning_gpu
 from contract.toolchain import CROSS_ARCH, cxx_fact, host_isa, ptxas_fact
 
 TARGETS = ("cpu", "cuda")
@@ -109,8 +111,13 @@ def _driver_gpu_name() -> str:
     return "nvidia"
 
 
-def env_fact(name: str, target: str) -> str:
-    """The value of one named environment fact, for keys and for `explain`."""
+def env_fact(name: str, target: str, executor: Mapping[str, str] | None = None) -> str:
+    """The value of one named environment fact, for keys and for `explain`. With the slurm
+    executor, the cuda target's `gpu` and `arch` are the nodes' (executor_settings.tuning_gpu)."""
+    if name in ("gpu", "arch") and target == "cuda" and executor is not None:
+        cluster = tuning_gpu(executor)
+        if cluster is not None:
+            return cluster[0] if name == "gpu" else cluster[1]
     if name == "python":
         return platform.python_version()
     if name == "cxx":

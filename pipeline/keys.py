@@ -35,10 +35,12 @@ def dynamic_keys(stage: Stage) -> DynamicKeys | None:
 
 
 def static_parts(
-    stage: Stage, config: ModelConfig, target: str, inputs: Mapping[str, str], scans: ScanStore | None = None
+    stage: Stage, config: ModelConfig, target: str, inputs: Mapping[str, str], scans: ScanStore | None = None,
+    executor: Mapping[str, str] | None = None,
 ) -> Parts:
     """The parts every stage has; `inputs` maps "stage/artifact" to its digest. `scans` keeps
-    the import scans of kiln's files between processes (pipeline.codedeps)."""
+    the import scans of kiln's files between processes (pipeline.codedeps); `executor` is where
+    per-kernel work runs (it names the tuning GPU of a cluster's nodes)."""
     parts: Parts = {"stage": stage.name}
     if stage.by_target:
         parts["target"] = target
@@ -48,7 +50,7 @@ def static_parts(
     for name in stage.config:
         parts[f"config.{name}"] = digest_json(config.field(name))[:16]
     for fact in stage.env:
-        parts[f"env.{fact}"] = env_fact(fact, target)
+        parts[f"env.{fact}"] = env_fact(fact, target, executor)
     for ref in stage.reads:
         parts[f"input.{ref}"] = inputs[ref][:16]
     return parts

@@ -114,6 +114,8 @@ class Runner:
         self.stages = stages
         self.id = build_id(config, options.target)
         self.ctx = KeyContext(config, records, self.id, options.live)
+        # where per-kernel work runs: checked before any stage runs (bad settings fail at once)
+        self.where = resolve_executor(options.executor, config.executor)
         self.entries: dict[str, Entry] = {}
         self.touched: set[str] = set()  # stages that ran, or were cut off below one that ran
         self._t0 = 0.0
@@ -228,7 +230,7 @@ class Runner:
         for ref in stage.reads:
             entry, name = self._artifact(ref)
             digests[ref] = entry.artifacts[name].digest
-        parts = static_parts(stage, self.config, self.options.target, digests, self.records)
+        parts = static_parts(stage, self.config, self.options.target, digests, self.records, self.where)
         dyn = dynamic_keys(stage)
         if dyn is not None:
             extra = dyn.key_parts(self.ctx)
@@ -383,7 +385,7 @@ class Runner:
             model=self.config.name,
             inputs=inputs,
             config={name: self.config.job_value(name) for name in stage.config},
-            env={fact: env_fact(fact, self.options.target) for fact in stage.env},
+            env={fact: env_fact(fact, self.options.target, self.where) for fact in stage.env},
             out=str(folder),
             project_root=str(self.config.project_root),
             store_root=str(self.store.root),
@@ -391,7 +393,7 @@ class Runner:
             code=self.code(stage),
             target=self.options.target,
             machine=self.machine,
-            executor=resolve_executor(self.options.executor, self.config.executor),
+            executor=self.where,
             live=self.options.live,
             lease=str(self.store.lease.path) if self.store.lease is not None else "",
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,40 @@ def test_a_new_layer_tunes_only_its_new_kernels_on_the_gpu(cache: Cache, tmp_pat
     cached = len(before & set(after))
     assert 0 < cached < len(after)
     assert f"kernels tuned {len(after)} of {len(after)} ({cached} cached)" in notes
+
+
+@pytest.mark.gpu
+def test_slurm_jobs_tune_the_cuda_target_into_the_items_a_local_run_shares(
+        cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node side of --executor slurm for the cuda target, on a real GPU. The device machine
+    has no Slurm, so each share runs here, in process, as its job would on a node
+    (tests/test_slurm.py covers the submission on a real cluster)."""
+    from contract.facts import gpu_arch, gpu_name
+    from tasks.autotune import remote
+
+    def in_process(fn: Any, shares: list[str], settings: Any, scratch: Path) -> str:
+        for number, share in enumerate(shares, 1):
+            monkeypatch.setenv("SLURM_JOB_ID", str(number))
+            fn(share)
+        return ""
+
+    monkeypatch.setattr(remote, "run_shares", in_process)
+    monkeypatch.setenv("KILN_SLURM_GPU", gpu_name())
+    monkeypatch.setenv("KILN_SLURM_ARCH", gpu_arch())
+    config = load_config("mlp")
+    options = BuildOptions("cuda", tmp_path / "a", in_process=True, executor="slurm")
+    jobs = compile_model(config, options, cache)
+    records = json.loads(jobs.entries["autotune"].file("timings.json").read_text())
+    assert records
+    assert all(r["tuned"] and r["where"].startswith("slurm job ") for r in records.values()), records
+    assert "slurm jobs" in next(row.note for row in jobs.rows if row.stage == "autotune")
+    doomed = cache.store.move_out("autotune", jobs.entries["autotune"].key)  # its items stay
+    assert doomed is not None
+    shutil.rmtree(doomed)
+    local = compile_model(config, BuildOptions("cuda", tmp_path / "b", executor="local"), cache)
+    assert f"({len(records)} cached)" in next(row.note for row in local.rows if row.stage == "autotune")
+    tuning = [r.entries["autotune"].file("tuning.json").read_bytes() for r in (jobs, local)]
+    assert tuning[0] == tuning[1]
 
 
 @pytest.mark.gpu

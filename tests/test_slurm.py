@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -99,6 +100,27 @@ def test_slurm_jobs_tune_the_kernels_into_the_cache_a_local_run_shares(
     again = compile_model(config, BuildOptions("cpu", tmp_path / "again", executor="slurm"), cache)
     assert all(row.status != "ran" for row in again.rows)
     assert set(_jobs(slurm)) == before  # a no-op recompile submits nothing
+
+
+def test_a_node_without_the_keys_gpu_tunes_nothing_for_the_cuda_target(
+        slurm: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cuda target's kernels are keyed by the nodes' GPU (the executor's gpu and arch), so a
+    node with another GPU (this one has none) refuses its share, and this host, which has no such
+    GPU either, says so rather than file a cross-compile under the GPU's key."""
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    monkeypatch.setenv("KILN_SLURM_JOBS", "1")
+    cache = Cache.open(tmp_path / "cache")
+    options = BuildOptions("cuda", tmp_path / "b", executor="slurm")
+    with pytest.raises(KilnError, match="kiln must know which before it submits"):
+        compile_model(load_config("mlp"), options, cache)
+    monkeypatch.setenv("KILN_SLURM_GPU", "NVIDIA H200")
+    monkeypatch.setenv("KILN_SLURM_ARCH", "sm_90")
+    with pytest.raises(KilnError) as failed:
+        compile_model(load_config("mlp"), options, cache)
+    assert "were not tuned on the cluster" in str(failed.value)
+    assert re.search(r"slurm job \d+ on \S+ has GPU 'none' \(sm_90\), not 'NVIDIA H200' \(sm_90\)",
+                     str(failed.value)), failed.value  # the job ran, and refused
+    assert not any(cache.store.root.glob("tmp/autotune-remote-*"))  # the jobs' folder is gone
 
 
 def test_a_cancelled_job_s_kernels_are_tuned_here_and_the_report_says_so(
@@ -218,9 +240,9 @@ def test_a_config_executor_table_is_checked_and_never_reaches_a_key(tmp_path: Pa
 
 
 def test_the_engine_overhead_counts_only_time_no_job_was_tuning() -> None:
-    from tasks.targets.cpu.remote import Remote, _union
+    from tasks.autotune.remote import Remote, union_seconds
 
-    assert _union([(0, 2), (1, 3), (5, 6)]) == 4  # overlapping jobs count once, gaps not at all
+    assert union_seconds([(0, 2), (1, 3), (5, 6)]) == 4  # overlapping jobs count once, gaps not at all
     remote = Remote(Path("."), 2, 200, seconds=10.0, tuning_seconds=8.0, places=("a", "b"), error="")
     assert remote.note(0).endswith("engine overhead 10 ms a kernel")
     assert "3 rerun here, as their job did not finish (no result)" in remote.note(3)

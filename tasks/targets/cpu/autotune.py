@@ -26,7 +26,7 @@ from tasks.targets.cpu.decisions import CpuDecision, tuning_json
 from tasks.targets.cpu.spec import CpuKernelEntry, CpuKernelsJson
 
 if TYPE_CHECKING:
-    from tasks.targets.cpu.remote import Remote
+    from tasks.autotune.remote import Remote
     from tasks.targets.cpu.tune import Built
 
 TUNING = "tuning.json"  # decisions only: what later stages read, so it is deterministic
@@ -54,7 +54,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     objects.mkdir()
     remote = _remote(job, missing, kernels_json, compiler)
     if remote is not None:
-        missing = [e for e in missing if not (remote.folder / e["key"]).is_dir()]
+        missing = [e for e in missing if not remote.has(e["key"])]
     with tempfile.TemporaryDirectory() as tmp:
         # Note: the builds of every kernel not in the cache run in parallel first; timing then
         # runs one kernel at a time, so no two measurements share the CPU. The tuner (and torch,
@@ -68,7 +68,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
         for entry in spec.kernels:
 
             def compute(out: Path, entry: CpuKernelEntry = entry) -> dict[str, Any]:
-                if remote is not None and (remote.folder / entry.key).is_dir():
+                if remote is not None and remote.has(entry.key):
                     return _filed(remote.folder / entry.key, out)
                 return _tune(entry, folder, compiler, built.get(entry.key), out)
 
@@ -96,10 +96,12 @@ def _remote(job: StageJob, missing: list[dict[str, Any]], kernels_json: Path,
     """The misses tuned as Slurm jobs, where the build asked for that (and there are misses)."""
     if not missing or kind_of(job.executor) != SLURM:
         return None
-    from tasks.targets.cpu.remote import tune_remotely
+    from tasks.autotune.remote import tune_remotely
+    from tasks.targets.cpu.remote import tune_share
 
-    return tune_remotely(missing, kernels_json, compiler, REPEAT, job.executor, Path(job.store_root),
-                         job.env.get("cxx", ""))
+    payload = {"spec": str(kernels_json), "compiler": compiler, "repeat": REPEAT,
+               "cxx": job.env.get("cxx", "")}
+    return tune_remotely(tune_share, [e["key"] for e in missing], payload, job.executor, Path(job.store_root))
 
 
 def _filed(made: Path, out: Path) -> dict[str, Any]:

@@ -23,15 +23,17 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cache.hashing import digest_file, digest_json, pretty_json
 from contract.errors import KilnError
 from contract.executor_settings import SLURM
+from contract.facts import gpu_name
 from contract.job import StageJob
 from contract.timings import TimingRecord, timings_json
 from tasks.autotune.coverage import coverage, coverage_text, placed
 from tasks.autotune.executors import kind_of
+from tasks.autotune.remote import Remote
 from tasks.targets.cuda import tune as cuda_tune
 from tasks.targets.cuda.decisions import CudaDecision, LaunchFacts, tuning_json
 from tasks.targets.cuda.spec import CudaKernelEntry, CudaKernelsJson
@@ -49,14 +51,25 @@ def run(job: StageJob) -> Mapping[str, Any]:
     parts = {e.key: _item_parts(e, folder, spec.arch, job.env, tuner) for e in spec.kernels}
     missing = [e for e in spec.kernels if items.lookup(parts[e.key]) is None]
     started = time.perf_counter()
+    remote = _remote(job, missing, kernels_json)
     with tempfile.TemporaryDirectory() as tmp:
         made = Path(tmp)
-        if gpu != "none":
-            fresh = _tune(kernels_json, missing, made, max(1, job.machine.get("gpus", 1)),
-                          lambda n, total: job.progress(n, total, "kernels tuned"))
-        else:
-            fresh = _cross_compile(spec, missing, folder, made, job.machine.get("cores", 1),
+        try:
+            fresh = {} if remote is None else _fetched(remote, missing, made)
+        finally:
+            if remote is not None:
+                shutil.rmtree(remote.folder, ignore_errors=True)
+        rest = [e for e in missing if e.key not in fresh]
+        if gpu == "none":
+            fresh = _cross_compile(spec, rest, folder, made, job.machine.get("cores", 1),
                                    lambda n, total: job.progress(n, total, "kernels compiled"))
+        elif rest:
+            if remote is not None and gpu_name() != gpu:  # what the jobs finished is kept
+                for key in fresh:
+                    _filed(key, parts[key], fresh, made, items)
+                _no_gpu_here(gpu, rest, remote)
+            fresh |= _tune(kernels_json, rest, made, max(1, job.machine.get("gpus", 1)),
+                           lambda n, total: job.progress(n, total, "kernels tuned"))
         records, used, hits = _store(spec, parts, fresh, made, items, job.out_dir / CUBINS)
     seconds = time.perf_counter() - started
     decisions = {key: _decision(r, job.out_dir / CUBINS / key[:16]) for key, r in records.items()}
@@ -66,8 +79,8 @@ def run(job: StageJob) -> Mapping[str, Any]:
     untuned = covered["kernels"] - covered["tuned"]
     peak = max((r.peak_bytes for r in records.values()), default=0)
     note = f"{coverage_text(covered)} ({hits} cached)"
-    if kind_of(job.executor) == SLURM and missing:
-        note += " (tuned here: the slurm executor covers the cpu target only so far)"
+    if remote is not None:
+        note += "; " + remote.note(len(rest))
     if gpu == "none":
         note += f" (no GPU: default candidates for sm_{spec.arch})"
     elif len(records) > hits:
@@ -76,6 +89,40 @@ def run(job: StageJob) -> Mapping[str, Any]:
                  f"; tuning {seconds:.1f} s, peak {peak / 2**20:.1f} MB on {gpu}")
     return {"kernels": len(records), "cached": hits, "untuned": untuned, "coverage": covered,
             "tuning_seconds": round(seconds, 3), "peak_gpu_bytes": peak, "items": used, "summary": note}
+
+
+def _remote(job: StageJob, missing: list[CudaKernelEntry], kernels_json: Path) -> Remote | None:
+    """The misses tuned as Slurm jobs on the nodes' GPU, where the build asked for that."""
+    if not missing or kind_of(job.executor) != SLURM:
+        return None
+    from tasks.autotune.remote import tune_remotely
+    from tasks.targets.cuda.remote import tune_share
+
+    payload = {"spec": str(kernels_json), "gpu": job.env.get("gpu", ""), "arch": job.env.get("arch", "")}
+    return tune_remotely(tune_share, [e.key for e in missing], payload, job.executor, Path(job.store_root))
+
+
+def _fetched(remote: Remote, missing: list[CudaKernelEntry], made: Path) -> dict[str, Any]:
+    """The records of the kernels the jobs tuned, their cubins put where _store looks."""
+    from tasks.targets.cuda.remote import RECORD, SUFFIXES
+
+    fresh: dict[str, Any] = {}
+    for entry in missing:
+        if remote.has(entry.key):
+            folder = remote.folder / entry.key
+            for suffix in SUFFIXES:
+                shutil.copyfile(folder / f"kernel{suffix}", made / f"{entry.key[:16]}{suffix}")
+            fresh[entry.key] = json.loads((folder / RECORD).read_text())
+    return fresh
+
+
+def _no_gpu_here(gpu: str, rest: list[CudaKernelEntry], remote: Remote) -> NoReturn:
+    """Kernels the jobs did not tune are tuned here, which only the keys' GPU may do."""
+    raise KilnError(f"{len(rest)} kernel(s) were not tuned on the cluster "
+                    f"({remote.error or 'their jobs left no result'}), and this machine has no {gpu} "
+                    f"to tune them on ({gpu_name()})",
+                    "check the executor's gpu and arch settings against the nodes' GPU, and the "
+                    "jobs' logs (sacct), then compile again: what the jobs finished stays cached")
 
 
 def _decision(record: TimingRecord, stem: Path) -> CudaDecision:
@@ -173,14 +220,7 @@ def _store(spec: CudaKernelsJson, parts: dict[str, dict[str, str]], fresh: dict[
     hits = 0
     for entry in spec.kernels:
         key = entry.key
-
-        def compute(out: Path, key: str = key) -> dict[str, Any]:
-            for suffix in (".cubin", ".json"):
-                shutil.copyfile(made / f"{key[:16]}{suffix}", out / f"kernel{suffix}")
-            (out / "record.json").write_text(pretty_json(fresh[key]))
-            return {"tuned": fresh[key].get("tuned", False)}
-
-        item, hit = items.get_or_compute(parts[key], compute)
+        item, hit = _filed(key, parts[key], fresh, made, items)
         hits += hit
         used.append(f"{item.stage}/{item.key}")
         record = json.loads(item.file("record.json").read_text())
@@ -189,6 +229,20 @@ def _store(spec: CudaKernelsJson, parts: dict[str, dict[str, str]], fresh: dict[
         for suffix in (".cubin", ".json"):
             shutil.copyfile(item.file(f"kernel{suffix}"), cubins / f"{key[:16]}{suffix}")
     return records, used, hits
+
+
+def _filed(key: str, parts: dict[str, str], fresh: dict[str, Any], made: Path,
+           items: Any) -> tuple[Any, bool]:
+    """A kernel's cache item (made from `fresh` and the cubin in `made` on a miss), and whether
+    it was a hit."""
+
+    def compute(out: Path) -> dict[str, Any]:
+        for suffix in (".cubin", ".json"):
+            shutil.copyfile(made / f"{key[:16]}{suffix}", out / f"kernel{suffix}")
+        (out / "record.json").write_text(pretty_json(fresh[key]))
+        return {"tuned": fresh[key].get("tuned", False)}
+
+    return items.get_or_compute(parts, compute)  # type: ignore[no-any-return]
 
 
 def _item_parts(entry: CudaKernelEntry, folder: Path, arch: int, env: Mapping[str, str],

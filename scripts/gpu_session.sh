@@ -25,7 +25,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt" 2>&1
 
 if [ "$tests" = 1 ]; then
-    (timeout $((limit - 10)) make test-gpu GPU_TEST_ARGS="--jobs 6 --logs $out/gpu-tests" > "$out/test-gpu.log" 2>&1
+    (timeout $((limit - 10)) make test-gpu GPU_TEST_ARGS="--jobs 6 --logs /tmp/gpu-tests" > "$out/test-gpu.log" 2>&1
      echo "exit $?" >> "$out/test-gpu.log") &
 fi
 
@@ -38,7 +38,11 @@ fi
 KILN_SERVER=0 timeout $((limit - 10)) python3 scripts/zoo.py --target cuda --dtype float16 --latency \
     --timeout $((limit / 3)) --deadline $((limit * 6 / 10)) --out /tmp/zoo "${resume[@]}" "${zoo_args[@]}" \
     > "$out/zoo.log" 2>&1
-cp -r /tmp/zoo/results.jsonl /tmp/zoo/logs "$out/zoo/" 2>/dev/null
+cp /tmp/zoo/results.jsonl "$out/zoo/" 2>/dev/null
 wait
+# Note: what comes back from $OUT is limited in its count of files, so the logs travel as one
+# archive each (a run's results.jsonl was once left out behind 47 test logs).
+tar -czf "$out/zoo/logs.tgz" -C /tmp/zoo logs 2>/dev/null
+[ -d /tmp/gpu-tests ] && tar -czf "$out/gpu-tests.tgz" -C /tmp gpu-tests
 tail -n 3 "$out/test-gpu.log" 2>/dev/null
 tail -n 4 "$out/zoo.log"

@@ -217,6 +217,8 @@ def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, o
     found = {"status": status, "relative_error": relative, "outputs": len(pairs)} | profile
     if nonfinite:
         found["error"] = f"eager gives {nonfinite} NaN/inf values; kiln must match them in place"
+    elif constant(pairs):
+        found["error"] = "eager's outputs are each one value (a zero-initialized head?): a weak check"
     if latency:
         with torch.no_grad():
             found |= milliseconds({"kiln": lambda: compiled(*inputs), "eager": lambda: module(*inputs)},
@@ -250,6 +252,15 @@ def compare(pairs: list[tuple[Any, Any]]) -> tuple[float, int]:
             worst = max(worst, float((x - y).abs()[finite].max()))
             scale = max(scale, float(y.abs()[finite].max()))
     return worst / scale, nonfinite
+
+
+def constant(pairs: list[tuple[Any, Any]]) -> bool:
+    """Whether every output of eager's holds a single value, as a zero-initialized classifier
+    head gives: a match then says little about the layers below it."""
+    import torch
+
+    tensors = [b for _, b in pairs if isinstance(b, torch.Tensor) and b.numel() > 1]
+    return bool(tensors) and all(bool((t == t.reshape(-1)[0]).all()) for t in tensors)
 
 
 def compile_profile(out: Path) -> dict[str, Any]:
@@ -322,7 +333,7 @@ def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
     """Each model's last result in a results file (a line per finished model); a line cut short
-    by a killed run is skipped, so that model runs again."""
+    by a killed run, or a model an earlier deadline left unrun, is skipped, so that model runs."""
     found: dict[str, dict[str, Any]] = {}
     lines = path.read_text().splitlines() if path.is_file() else []
     for line in lines:
@@ -330,7 +341,8 @@ def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
             result = json.loads(line)
         except ValueError:
             continue
-        found[result["model"]] = result
+        if result.get("status") != "not run":
+            found[result["model"]] = result
     return found
 
 

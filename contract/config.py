@@ -38,8 +38,9 @@ class ModelConfig:
     path: Path
     project_root: Path
     fields: dict[str, Any]
-    # Note: the [executor] table says where per-kernel work runs, never what it makes, so it is
-    # kept apart from the fields stages declare and never reaches a key.
+    # Note: the [executor] table says where per-kernel work runs, not what it makes, so it is
+    # kept apart from the fields stages declare; only its gpu and arch reach a key, as the
+    # tuning GPU's env facts (contract/executor_settings.py's tuning_gpu).
     executor: dict[str, str] = dataclass_field(default_factory=dict)
 
     def field(self, dotted: str) -> Any:

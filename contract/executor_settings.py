@@ -1,7 +1,8 @@
 """Where per-kernel work runs, and how its cluster jobs are submitted: one set of checks for the
 three places a setting can come from (the --executor flag, a model config's [executor] table,
 and $KILN_EXECUTOR / $KILN_SLURM_*). Settings are plain strings (they travel in StageJob) and
-never key parts: a cluster run and a local run fill the same cache items.
+no key parts: a cluster run and a local run fill the same cache items. The one exception is the
+cuda target's tuning GPU (tuning_gpu), which a local run's keys take from this host.
 
 Precedence: the flag, then the environment, then the config, then the defaults (local; the
 job defaults of tasks/autotune/executors.py's Slurm).

@@ -219,7 +219,7 @@ def test_the_executor_comes_from_the_flag_then_the_environment_then_the_config(
         resolve(None, {})
 
 
-def test_a_config_executor_table_is_checked_and_never_reaches_a_key(tmp_path: Path) -> None:
+def test_a_config_executor_table_is_checked_and_kept_out_of_the_fields(tmp_path: Path) -> None:
 
     body = (ROOT / "configs" / "mlp.toml").read_text()
     path = tmp_path / "configs" / "m.toml"

@@ -239,6 +239,18 @@ def test_a_config_executor_table_is_checked_and_kept_out_of_the_fields(tmp_path:
             load_config(str(path))
 
 
+def test_the_cuda_target_s_tuning_gpu_on_a_cluster_is_the_settings_not_this_host_s() -> None:
+    from contract.facts import env_fact
+
+    cluster = {"kind": "slurm", "gpu": "NVIDIA H200", "arch": "sm_90"}
+    assert env_fact("gpu", "cuda", cluster) == "NVIDIA H200"
+    assert env_fact("arch", "cuda", cluster) == "sm_90"
+    assert env_fact("gpu", "cpu", cluster) == "none"  # the cpu target has no tuning GPU
+    assert env_fact("gpu", "cuda", {"kind": "local", "gpu": "NVIDIA H200"}) == env_fact("gpu", "cuda")
+    with pytest.raises(KilnError, match="kiln must know which before it submits"):
+        env_fact("gpu", "cuda", {"kind": "slurm", "gpu": "NVIDIA H200"})
+
+
 def test_the_engine_overhead_counts_only_time_no_job_was_tuning() -> None:
     from tasks.autotune.remote import Remote, union_seconds
 

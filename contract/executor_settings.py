@@ -38,6 +38,8 @@ def check_kind(kind: str, where: str) -> str:
 def check_setting(name: str, value: str, where: str) -> str:
     """`value` of Slurm setting `name`, or a clear error naming `where` it was set."""
     wanted = SLURM_SETTINGS[name]
+    if name == "gpu" and value.lower() == "none":  # a node without a GPU tunes no cuda kernel
+        raise KilnError(f"{where}={value!r} names no GPU", "name the nodes' GPU, e.g. \"NVIDIA H200\"")
     if wanted is None:
         return value
     if name == "arch":

@@ -34,9 +34,10 @@ class StageJob:
     # What the engine measured of the machine for this build (contract.facts.machine_facts):
     # "cores", "gpus". Not key parts: they spread work, they never change an artifact.
     machine: dict[str, int] = field(default_factory=dict)
-    # Where per-kernel work runs (contract.facts.executor_settings): "kind" (local, slurm) and
-    # slurm's partition, gres, time_min, account, jobs. Not key parts, as `machine`: a cluster
-    # run and a local run fill the same cache items.
+    # Where per-kernel work runs (contract/executor_settings.py): "kind" (local, slurm) and
+    # slurm's partition, gres, time_min, account, jobs... Not key parts, as `machine`: a cluster
+    # run and a local run fill the same cache items. (Its gpu and arch reach the keys only as
+    # the cuda target's env facts, where they stand for the nodes' GPU.)
     executor: dict[str, str] = field(default_factory=dict)
     # An in-memory model handed to pipeline.compile(); never serialized. Only trace reads it.
     live: Any = field(default=None, compare=False)

@@ -23,6 +23,7 @@ from cache.store import Artifact, Entry, Store, scan_artifacts
 from contract.config import ModelConfig
 from contract.errors import KilnError
 from contract.executor_settings import resolve as resolve_executor
+from contract.executor_settings import tuning_gpu
 from contract.facts import env_fact, machine_facts
 from contract.job import StageJob
 from contract.keys import KeyContext, Parts
@@ -116,6 +117,8 @@ class Runner:
         self.ctx = KeyContext(config, records, self.id, options.live)
         # where per-kernel work runs: checked before any stage runs (bad settings fail at once)
         self.where = resolve_executor(options.executor, config.executor)
+        if options.target == "cuda":
+            tuning_gpu(self.where)  # a cluster's GPU must be named before trace runs, not after
         self.entries: dict[str, Entry] = {}
         self.touched: set[str] = set()  # stages that ran, or were cut off below one that ran
         self._t0 = 0.0

@@ -118,8 +118,9 @@ def test_a_node_without_the_keys_gpu_tunes_nothing_for_the_cuda_target(
     with pytest.raises(KilnError) as failed:
         compile_model(load_config("mlp"), options, cache)
     assert "were not tuned on the cluster" in str(failed.value)
-    assert re.search(r"slurm job \d+ on \S+ has GPU 'none' \(sm_90\), not 'NVIDIA H200' \(sm_90\)",
-                     str(failed.value)), failed.value  # the job ran, and refused
+    assert re.search(r"slurm job \d+ on \S+ has gpu 'none', not 'NVIDIA H200'\)", str(failed.value)), \
+        failed.value  # the job ran, and refused: of the key's facts, only the GPU differs
+    assert "this machine has no NVIDIA H200 (sm_90) to tune them on (it has none" in str(failed.value)
     assert not any(cache.store.root.glob("tmp/autotune-remote-*"))  # the jobs' folder is gone
 
 
@@ -189,10 +190,10 @@ def test_an_interrupted_compile_leaves_no_job_behind(slurm: dict[str, str], tmp_
 
 def test_the_executor_comes_from_the_flag_then_the_environment_then_the_config(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from contract.executor_settings import resolve
+    from contract.executor_settings import SLURM_SETTINGS, resolve
     from tasks.autotune.executors import Slurm, kind_of, shares_of
 
-    for name in ("EXECUTOR", *(f"SLURM_{n}" for n in ("PARTITION", "GRES", "TIME_MIN", "JOBS"))):
+    for name in ("EXECUTOR", *(f"SLURM_{n.upper()}" for n in SLURM_SETTINGS)):
         monkeypatch.delenv(f"KILN_{name}", raising=False)
     assert resolve(None, {}) == {"kind": "local"}
     configured = {"kind": "slurm", "partition": "cpu", "time_min": "5", "jobs": "4"}
@@ -240,15 +241,18 @@ def test_a_config_executor_table_is_checked_and_kept_out_of_the_fields(tmp_path:
 
 
 def test_the_cuda_target_s_tuning_gpu_on_a_cluster_is_the_settings_not_this_host_s() -> None:
+    from contract.executor_settings import check_setting
     from contract.facts import env_fact
 
     cluster = {"kind": "slurm", "gpu": "NVIDIA H200", "arch": "sm_90"}
     assert env_fact("gpu", "cuda", cluster) == "NVIDIA H200"
     assert env_fact("arch", "cuda", cluster) == "sm_90"
     assert env_fact("gpu", "cpu", cluster) == "none"  # the cpu target has no tuning GPU
-    assert env_fact("gpu", "cuda", {"kind": "local", "gpu": "NVIDIA H200"}) == env_fact("gpu", "cuda")
+    assert env_fact("gpu", "cuda", {"kind": "local", "gpu": "Imaginary GPU"}) == env_fact("gpu", "cuda")
     with pytest.raises(KilnError, match="kiln must know which before it submits"):
         env_fact("gpu", "cuda", {"kind": "slurm", "gpu": "NVIDIA H200"})
+    with pytest.raises(KilnError, match="KILN_SLURM_GPU='none' names no GPU"):
+        check_setting("gpu", "none", "KILN_SLURM_GPU")
 
 
 def test_the_engine_overhead_counts_only_time_no_job_was_tuning() -> None:

@@ -168,13 +168,27 @@ def _reaper(name: str) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _check_slurm() -> None:
+# Note: a busy slurmctld (one just started, or a loaded host) can fail a query now and then;
+# sinfo is asked again before the build gives up on Slurm. No sinfo at all fails at once.
+def _check_slurm(tries: int = 4) -> None:
+    for attempt in range(tries):
+        error = _sinfo()
+        if error is None:
+            return
+        if isinstance(error, OSError) or attempt + 1 == tries:
+            hint = "start one (bash scripts/slurm_local.sh up, then eval its `env`) or set SLURM_CONF"
+            what = f"the slurm executor found no Slurm here ({type(error).__name__})"
+            raise KilnError(what, hint) from error
+        time.sleep(2.0)
+
+
+def _sinfo() -> Exception | None:
+    """What went wrong asking Slurm for its partitions, if anything."""
     try:
         subprocess.run(["sinfo", "-h"], capture_output=True, check=True, timeout=20)
     except (OSError, subprocess.SubprocessError) as err:
-        raise KilnError(f"the slurm executor found no Slurm here ({type(err).__name__})",
-                        "start one (bash scripts/slurm_local.sh up, then eval its `env`) or set SLURM_CONF") \
-            from err
+        return err
+    return None
 
 
 def _cancel(name: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import time
 import uuid
@@ -98,7 +99,11 @@ def tune_remotely(fn: Callable[[str], str], keys: list[str], payload: Mapping[st
     shares = [json.dumps({**payload, "keys": share, "out": str(out)})
               for share in shares_of(keys, Slurm.from_settings(settings).jobs)]
     started = time.time()
-    error = run_shares(fn, shares, settings, out)
+    try:
+        error = run_shares(fn, shares, settings, out)
+    except BaseException:  # no Slurm, no pydra, Ctrl-C: nothing of the folder is of use
+        shutil.rmtree(out, ignore_errors=True)
+        raise
     ended = time.time()
     done = [json.loads(p.read_text()) for p in sorted(out.glob("share-*.json"))]
     spans = [(max(d["start"], started), min(d["end"], ended)) for d in done]

@@ -45,16 +45,40 @@ def run(job: StageJob) -> Mapping[str, Any]:
     compiler = [cxx(), *spec.compiler[1:]]
     items = job.items()
     tuner = job.code  # all the code the stage runs: this module's, the tuner's, what they import
-    records: dict[str, TimingRecord] = {}
-    hits = 0
-    used: list[str] = []
     parts = {e.key: _item_parts(e, folder, spec.compiler, job.env, tuner) for e in spec.kernels}
     missing = [e.to_json() for e in spec.kernels if items.lookup(parts[e.key]) is None]
+    remote = _remote(job, missing, kernels_json, compiler)
+    try:
+        if remote is not None:
+            missing = [e for e in missing if not remote.has(e["key"])]
+        records, used, hits = _items(job, spec, parts, missing, compiler, remote)
+    finally:  # what the jobs left is filed by now, or of no use
+        if remote is not None:
+            shutil.rmtree(remote.folder, ignore_errors=True)
+    objects = job.out_dir / OBJECTS
+    decisions = {key: CpuDecision(r.variant, r.config, digest_file(objects / f"{key[:16]}.o"))
+                 for key, r in records.items()}
+    (job.out_dir / TUNING).write_text(pretty_json(tuning_json(decisions)))
+    (job.out_dir / TIMINGS).write_text(pretty_json(timings_json(records)))
+    covered = coverage(records)
+    note = f"{coverage_text(covered)} ({hits} cached)"
+    if remote is not None:
+        note += "; " + remote.note(len(missing))
+    return {"kernels": len(records), "cached": hits, "coverage": covered, "items": used, "summary": note}
+
+
+def _items(job: StageJob, spec: CpuKernelsJson, parts: dict[str, dict[str, str]],
+           missing: list[dict[str, Any]], compiler: list[str],
+           remote: Remote | None) -> tuple[dict[str, TimingRecord], list[str], int]:
+    """Every kernel's cache item (tuned here, or filed from its job, on a miss), its object
+    copied into objects/; the records, the items' names and the count of hits."""
+    folder = job.input("gen-tuning-code/kernels.json").parent / spec.folder
     objects = job.out_dir / OBJECTS
     objects.mkdir()
-    remote = _remote(job, missing, kernels_json, compiler)
-    if remote is not None:
-        missing = [e for e in missing if not remote.has(e["key"])]
+    items = job.items()
+    records: dict[str, TimingRecord] = {}
+    used: list[str] = []
+    hits = 0
     with tempfile.TemporaryDirectory() as tmp:
         # Note: the builds of every kernel not in the cache run in parallel first; timing then
         # runs one kernel at a time, so no two measurements share the CPU. The tuner (and torch,
@@ -79,16 +103,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
             records[entry.key] = placed(record, entry, entry.function)
             job.progress(len(records), len(spec.kernels), "kernels")
             shutil.copyfile(item.file(OBJECT), objects / f"{entry.key[:16]}.o")
-    decisions = {key: CpuDecision(r.variant, r.config, digest_file(objects / f"{key[:16]}.o"))
-                 for key, r in records.items()}
-    (job.out_dir / TUNING).write_text(pretty_json(tuning_json(decisions)))
-    (job.out_dir / TIMINGS).write_text(pretty_json(timings_json(records)))
-    covered = coverage(records)
-    note = f"{coverage_text(covered)} ({hits} cached)"
-    if remote is not None:
-        note += "; " + remote.note(len(missing))
-        shutil.rmtree(remote.folder, ignore_errors=True)
-    return {"kernels": len(records), "cached": hits, "coverage": covered, "items": used, "summary": note}
+    return records, used, hits
 
 
 def _remote(job: StageJob, missing: list[dict[str, Any]], kernels_json: Path,

@@ -23,20 +23,23 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cache.hashing import digest_file, digest_json, pretty_json
 from contract.errors import KilnError
 from contract.executor_settings import SLURM
-from contract.facts import gpu_name
+from contract.facts import gpu_arch, gpu_name
 from contract.job import StageJob
 from contract.timings import TimingRecord, timings_json
 from tasks.autotune.coverage import coverage, coverage_text, placed
 from tasks.autotune.executors import kind_of
-from tasks.autotune.remote import Remote
 from tasks.targets.cuda import tune as cuda_tune
 from tasks.targets.cuda.decisions import CudaDecision, LaunchFacts, tuning_json
 from tasks.targets.cuda.spec import CudaKernelEntry, CudaKernelsJson
+
+if TYPE_CHECKING:
+    from cache.items import ItemCache
+    from tasks.autotune.remote import Remote
 
 CUBINS = "cubins"  # <key16>.cubin and <key16>.json (kernel name, warps, shared memory, scratch)
 
@@ -61,13 +64,14 @@ def run(job: StageJob) -> Mapping[str, Any]:
                 shutil.rmtree(remote.folder, ignore_errors=True)
         rest = [e for e in missing if e.key not in fresh]
         if gpu == "none":
-            fresh = _cross_compile(spec, rest, folder, made, job.machine.get("cores", 1),
+            fresh |= _cross_compile(spec, rest, folder, made, job.machine.get("cores", 1),
                                    lambda n, total: job.progress(n, total, "kernels compiled"))
         elif rest:
-            if remote is not None and gpu_name() != gpu:  # what the jobs finished is kept
+            here = (gpu_name(), gpu_arch())
+            if remote is not None and here != (gpu, job.env.get("arch", "")):  # the jobs' work is kept
                 for key in fresh:
                     _filed(key, parts[key], fresh, made, items)
-                _no_gpu_here(gpu, rest, remote)
+                _no_gpu_here(f"{gpu} ({job.env.get('arch', '')})", f"{here[0]} ({here[1]})", rest, remote)
             fresh |= _tune(kernels_json, rest, made, max(1, job.machine.get("gpus", 1)),
                            lambda n, total: job.progress(n, total, "kernels tuned"))
         records, used, hits = _store(spec, parts, fresh, made, items, job.out_dir / CUBINS)
@@ -96,9 +100,9 @@ def _remote(job: StageJob, missing: list[CudaKernelEntry], kernels_json: Path) -
     if not missing or kind_of(job.executor) != SLURM:
         return None
     from tasks.autotune.remote import tune_remotely
-    from tasks.targets.cuda.remote import tune_share
+    from tasks.targets.cuda.remote import NODE_FACTS, tune_share
 
-    payload = {"spec": str(kernels_json), "gpu": job.env.get("gpu", ""), "arch": job.env.get("arch", "")}
+    payload = {"spec": str(kernels_json), "facts": {fact: job.env.get(fact, "") for fact in NODE_FACTS}}
     return tune_remotely(tune_share, [e.key for e in missing], payload, job.executor, Path(job.store_root))
 
 
@@ -116,11 +120,11 @@ def _fetched(remote: Remote, missing: list[CudaKernelEntry], made: Path) -> dict
     return fresh
 
 
-def _no_gpu_here(gpu: str, rest: list[CudaKernelEntry], remote: Remote) -> NoReturn:
+def _no_gpu_here(gpu: str, here: str, rest: list[CudaKernelEntry], remote: Remote) -> NoReturn:
     """Kernels the jobs did not tune are tuned here, which only the keys' GPU may do."""
     raise KilnError(f"{len(rest)} kernel(s) were not tuned on the cluster "
                     f"({remote.error or 'their jobs left no result'}), and this machine has no {gpu} "
-                    f"to tune them on ({gpu_name()})",
+                    f"to tune them on (it has {here})",
                     "check the executor's gpu and arch settings against the nodes' GPU, and the "
                     "jobs' logs (sacct), then compile again: what the jobs finished stays cached")
 
@@ -212,7 +216,7 @@ for job in json.loads(sys.stdin.read()):
 
 
 def _store(spec: CudaKernelsJson, parts: dict[str, dict[str, str]], fresh: dict[str, Any], made: Path,
-           items: Any, cubins: Path) -> tuple[dict[str, TimingRecord], list[str], int]:
+           items: ItemCache, cubins: Path) -> tuple[dict[str, TimingRecord], list[str], int]:
     """Every kernel's record and cubin: fresh ones into the cache, all into cubins/."""
     cubins.mkdir()
     records: dict[str, TimingRecord] = {}
@@ -232,7 +236,7 @@ def _store(spec: CudaKernelsJson, parts: dict[str, dict[str, str]], fresh: dict[
 
 
 def _filed(key: str, parts: dict[str, str], fresh: dict[str, Any], made: Path,
-           items: Any) -> tuple[Any, bool]:
+           items: ItemCache) -> tuple[Any, bool]:
     """A kernel's cache item (made from `fresh` and the cubin in `made` on a miss), and whether
     it was a hit."""
 
@@ -242,7 +246,7 @@ def _filed(key: str, parts: dict[str, str], fresh: dict[str, Any], made: Path,
         (out / "record.json").write_text(pretty_json(fresh[key]))
         return {"tuned": fresh[key].get("tuned", False)}
 
-    return items.get_or_compute(parts, compute)  # type: ignore[no-any-return]
+    return items.get_or_compute(parts, compute)
 
 
 def _item_parts(entry: CudaKernelEntry, folder: Path, arch: int, env: Mapping[str, str],

@@ -3,7 +3,8 @@ tunes its share's kernels on the node's GPUs exactly as a local run does (tune.p
 per GPU Slurm gave it), and leaves each kernel's record and winning cubin for the stage to file.
 
 A node whose GPU is not the one the build's keys name (the executor's `gpu` and `arch`
-settings) tunes nothing: its winners would be filed under another GPU's key.
+settings), or whose ptxas, triton or torch is not this host's, tunes nothing: its winners would
+be filed under another GPU's or toolchain's key.
 
 Note: no `from __future__ import annotations` here: pydra checks a task's inputs against its
 function's annotations, and reads a postponed one ('str') as no type at all.
@@ -14,11 +15,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from contract.facts import gpu_arch, gpu_count, gpu_name
+from contract.facts import env_fact, gpu_count
 from tasks.autotune.remote import Share
 
 RECORD = "record.json"
 SUFFIXES = (".cubin", ".json")  # a kernel's cubin and its launch facts, as tune.py writes them
+NODE_FACTS = ("gpu", "arch", "ptxas", "triton", "torch")  # key facts a node must share with the build
 
 
 def tune_share(share: str) -> str:
@@ -26,10 +28,11 @@ def tune_share(share: str) -> str:
     from tasks.targets.cuda import tune as cuda_tune
 
     job = Share.begin(share)
-    found = (gpu_name(), gpu_arch())
-    wanted = (job.args["gpu"], job.args["arch"])
+    wanted = job.args["facts"]
+    found = {fact: env_fact(fact, "cuda") for fact in NODE_FACTS}
     if found != wanted:
-        return job.end(f"has GPU {found[0]!r} ({found[1]}), not {wanted[0]!r} ({wanted[1]})")
+        return job.end("has " + ", ".join(f"{fact} {found[fact]!r}, not {wanted[fact]!r}"
+                                           for fact in NODE_FACTS if found[fact] != wanted[fact]))
     with tempfile.TemporaryDirectory() as tmp:
         made = Path(tmp)
         records = cuda_tune.tune_all(Path(job.args["spec"]), job.args["keys"], made, gpu_count())

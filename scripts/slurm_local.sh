@@ -106,14 +106,43 @@ wait_for() {  # wait_for SECONDS WHAT COMMAND...
 }
 
 # Note: munge's socket stays where Slurm looks for it (/run/munge): some of Slurm's connections
-# (slurmctld to slurmdbd) ignore AuthInfo. A munged already answering there is used as it is.
+# (slurmctld to slurmdbd) ignore AuthInfo. So one munged serves every cluster on this machine
+# (a munged already answering there is used as it is), and the clusters using it are listed in
+# $MUNGE_USERS: the last one down stops the munged a cluster of kiln's started (two test workers
+# with a cluster each once lost their auth when the first one's `down` took munged with it).
+MUNGE_USERS=/run/munge/kiln-clusters
+MUNGE_PID=/run/munge/kiln-munged.pid
+
 start_munge() {
-    munge -n >/dev/null 2>&1 && return 0
-    [ -f /etc/munge/munge.key ] || die "no /etc/munge/munge.key: reinstall the munge package"
-    mkdir -p /run/munge
-    munged --force --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" \
-        --seed-file="$DIR/run/munge.seed" 2>>"$DIR/log/munged.log"
-    wait_for 10 munged munge -n
+    mkdir -p "$MUNGE_USERS"
+    exec 9>/run/munge/kiln.lock
+    flock 9
+    echo "$DIR" > "$MUNGE_USERS/$(cluster_id)"
+    if ! munge -n >/dev/null 2>&1; then
+        [ -f /etc/munge/munge.key ] || die "no /etc/munge/munge.key: reinstall the munge package"
+        munged --force --pid-file="$MUNGE_PID" --log-file=/run/munge/kiln-munged.log \
+            --seed-file=/run/munge/kiln-munge.seed 2>>/run/munge/kiln-munged.log
+        wait_for 10 munged munge -n
+    fi
+    flock -u 9
+}
+
+stop_munge() {  # this cluster stops using munged; the last one using it stops it
+    [ -d "$MUNGE_USERS" ] || return 0
+    exec 9>/run/munge/kiln.lock
+    flock 9
+    rm -f "$MUNGE_USERS/$(cluster_id)"
+    for user in "$MUNGE_USERS"/*; do  # a cluster whose folder is gone (no `down` ran) uses nothing
+        [ -f "$user" ] && [ ! -d "$(cat "$user")" ] && rm -f "$user"
+    done
+    if [ -z "$(ls -A "$MUNGE_USERS")" ] && [ -f "$MUNGE_PID" ]; then
+        stop_pid_file "$MUNGE_PID"
+    fi
+    flock -u 9
+}
+
+cluster_id() {
+    echo "$DIR" | md5sum | cut -c1-16
 }
 
 start_database() {
@@ -157,7 +186,11 @@ running() {  # running NAME: whether the daemon in NAME's pid file is alive
 }
 
 stop_pid() {  # stop_pid NAME: TERM, then KILL after 10 s
-    local file=$DIR/run/$1.pid pid
+    stop_pid_file "$DIR/run/$1.pid"
+}
+
+stop_pid_file() {  # stop_pid_file FILE: the process it names
+    local file=$1 pid
     [ -f "$file" ] || return 0
     pid=$(cat "$file")
     if kill "$pid" 2>/dev/null; then
@@ -168,7 +201,8 @@ stop_pid() {  # stop_pid NAME: TERM, then KILL after 10 s
 }
 
 down_quietly() {
-    for name in slurmd slurmctld slurmdbd mariadb munged; do stop_pid "$name"; done
+    for name in slurmd slurmctld slurmdbd mariadb; do stop_pid "$name"; done
+    stop_munge
 }
 
 down() {

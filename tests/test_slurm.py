@@ -161,8 +161,9 @@ def test_an_interrupted_compile_leaves_no_job_behind(slurm: dict[str, str], tmp_
     env = dict(slurm, KILN_EXECUTOR="slurm", KILN_SLURM_JOBS="2")
     cmd = [sys.executable, "-m", "kiln", "--cache-dir", str(tmp_path / "cache"), "compile", "wide",
            "--target", "cpu", "--quiet", "--out", str(tmp_path / "out")]
+    errors = (tmp_path / "stderr").open("w+")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=errors)
 
     def queued() -> list[str]:
         out = subprocess.run(["squeue", "-h", "-o", "%j"], env=slurm, capture_output=True, text=True,
@@ -173,7 +174,8 @@ def test_an_interrupted_compile_leaves_no_job_behind(slurm: dict[str, str], tmp_
     while not queued() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     names = set(queued())
-    assert names, "no job was submitted"
+    errors.seek(0)
+    assert names, f"no job was submitted (exit {proc.poll()}): {errors.read()[-2000:]}"
     os.killpg(proc.pid, 9)  # as hard as it gets: no handler runs in any of kiln's processes
     proc.wait()
     deadline = time.monotonic() + 30

@@ -5,6 +5,7 @@
 #   bash scripts/gpu_session.sh SECONDS [zoo arguments...]
 #   e.g. bash scripts/gpu_session.sh 500 --family tv --jobs 4
 #        bash scripts/gpu_session.sh 500 --family timm,hf --full --no-tests
+#        bash scripts/gpu_session.sh 500 --family tv --bf16 --no-tests   (bfloat16, results apart)
 #
 # The zoo starts no model in the last 40% of the time (--deadline) and gives each model at most
 # a third of it. A results file from an earlier call is resumed (its models are not run again):
@@ -17,8 +18,13 @@ limit=${1:?usage: gpu_session.sh SECONDS [zoo arguments...]}
 shift
 tests=1
 zoo_args=()
+dtype=float16
 for arg in "$@"; do
-    if [ "$arg" = "--no-tests" ]; then tests=0; else zoo_args+=("$arg"); fi
+    case "$arg" in
+        --no-tests) tests=0 ;;
+        --bf16) dtype=bfloat16 ;;
+        *) zoo_args+=("$arg") ;;
+    esac
 done
 out=${OUT:?run on the device machine, where \$OUT is set}
 export PYTHONUNBUFFERED=1
@@ -29,16 +35,19 @@ if [ "$tests" = 1 ]; then
      echo "exit $?" >> "$out/test-gpu.log") &
 fi
 
+# results of each dtype apart: build-zoo/results.jsonl (float16), results-bfloat16.jsonl
+results=results.jsonl
+[ "$dtype" = float16 ] || results=results-$dtype.jsonl
 mkdir -p /tmp/zoo "$out/zoo"
 resume=()
-if [ -f build-zoo/results.jsonl ]; then
-    cp build-zoo/results.jsonl /tmp/zoo/results.jsonl
+if [ -f "build-zoo/$results" ]; then
+    cp "build-zoo/$results" /tmp/zoo/results.jsonl
     resume=(--resume)
 fi
-KILN_SERVER=0 timeout $((limit - 10)) python3 scripts/zoo.py --target cuda --dtype float16 --latency \
+KILN_SERVER=0 timeout $((limit - 10)) python3 scripts/zoo.py --target cuda --dtype "$dtype" --latency \
     --timeout $((limit / 3)) --deadline $((limit * 6 / 10)) --out /tmp/zoo "${resume[@]}" "${zoo_args[@]}" \
     > "$out/zoo.log" 2>&1
-cp /tmp/zoo/results.jsonl "$out/zoo/" 2>/dev/null
+cp /tmp/zoo/results.jsonl "$out/zoo/$results" 2>/dev/null
 wait
 # Note: what comes back from $OUT is limited in its count of files, so the logs travel as one
 # archive each (a run's results.jsonl was once left out behind 47 test logs).

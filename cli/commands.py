@@ -121,7 +121,7 @@ def explain_command(
     args: argparse.Namespace, config: ModelConfig, target: str, out: Path, console: Console
 ) -> int:
     cache = _cache(args)
-    options = BuildOptions(target, out)
+    options = BuildOptions(target, out, executor=args.executor)
     verdicts = explain(config, options, cache.store, cache.records)
     for verdict in verdicts:
         style = _RERUN_STYLE.get(verdict.rerun, "white")

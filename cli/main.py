@@ -32,9 +32,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="rerun STAGE even if cached (repeatable)")
     c.add_argument("--until", choices=stage_names(), metavar="STAGE", help="stop after STAGE")
     c.add_argument("--in-process", action="store_true", help="run stages in this process")
-    c.add_argument("--executor", choices=("local", "slurm"),
-                   help="where per-kernel tuning runs (default: $KILN_EXECUTOR, else local); slurm takes "
-                        "$KILN_SLURM_PARTITION, _GRES, _TIME_MIN, _QUEUE_MIN, _ACCOUNT, _JOBS, _EXCLUSIVE")
+    _executor_arg(c)
     c.add_argument("--quiet", action="store_true", help="no live display")
 
     r = sub.add_parser("report", help="print the last compile report of a model")
@@ -45,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     _bench_args(sub.add_parser("bench", help="kiln against eager, torch.compile and AOTInductor"))
     e = sub.add_parser("explain", help="say which stages would rerun, and why")
     _model_args(e)
+    _executor_arg(e)  # a cluster's GPU keys the cuda target's tuning, as this host's does here
     sub.add_parser("stages", help="list the stage table")
 
     cache = sub.add_parser("cache", help="inspect or trim the cache")
@@ -57,6 +56,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--include-latest", action="store_true",
                    help="also trim what the latest builds use (never what running compiles hold)")
     return p
+
+
+def _executor_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=("local", "slurm"),
+                   help="where per-kernel tuning runs (default: $KILN_EXECUTOR, else the config's "
+                        "[executor] table, else local); slurm takes the table's settings or "
+                        "$KILN_SLURM_PARTITION, _GRES, _TIME_MIN, _QUEUE_MIN, _ACCOUNT, _JOBS, "
+                        "_EXCLUSIVE, _GPU, _ARCH")
 
 
 def _model_args(p: argparse.ArgumentParser, out_help: str = "build folder (default: build/MODEL)") -> None:

@@ -7,7 +7,8 @@ then a no-op recompile through Slurm, which must submit nothing.
 
 Prints, per executor: the autotune stage's seconds, kernels per second, and (slurm) the engine's
 overhead per kernel as the stage measured it: wall time from the first submission to the last
-job's end, less the time some job was tuning (the union of the jobs' spans), over the kernels. Writes executors.json in --out.
+job's end, less the time some job was tuning (the union of the jobs' spans), over the kernels.
+Writes executors.json in --out.
 """
 
 from __future__ import annotations

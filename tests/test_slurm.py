@@ -292,5 +292,17 @@ def test_a_node_with_another_compiler_tunes_nothing(tmp_path: Path) -> None:
                            "keys": keys, "out": str(out)}))
     marks = [json.loads(p.read_text()) for p in out.glob("share-*.json")]
     assert len(marks) == 1
-    assert "not 'g++ 0.0 (not here)'" in marks[0]["refused"]
+    assert "not 'g++ 0.0 (not here)'" in marks[0]["said"]
     assert not any((out / key).exists() for key in keys)
+
+    # A node of the right compiler on which no variant of a kernel builds names the kernels.
+    from contract.facts import env_fact
+
+    again = tmp_path / "again"
+    again.mkdir()
+    cxx = env_fact("cxx", "cpu")
+    tune_share(json.dumps({"spec": str(spec), "compiler": ["false"], "repeat": 1, "cxx": cxx,
+                           "keys": keys[:1], "out": str(again)}))
+    marks = [json.loads(p.read_text()) for p in again.glob("share-*.json")]
+    name = json.loads(spec.read_text())["kernels"][0]["names"][0]
+    assert f"could not tune {name} (build failed: false exited with status 1)" in marks[0]["said"], marks

@@ -76,11 +76,14 @@ class Share:
         yield staging
         staging.rename(self.out / key)
 
-    def end(self, refused: str = "") -> str:
-        """The share's marker, whole or not at all (the stage may read it as the job ends)."""
+    def end(self, refused: str = "", failed: tuple[str, ...] = ()) -> str:
+        """The share's marker, whole or not at all (the stage may read it as the job ends):
+        `refused` says why the node tuned nothing, `failed` names kernels it could not tune."""
         mark: dict[str, Any] = {"where": self.where, "start": self.started, "end": time.time()}
         if refused:
-            mark["refused"] = f"{self.where} {refused}"
+            mark["said"] = f"{self.where} {refused}"
+        elif failed:
+            mark["said"] = f"{self.where} could not tune {', '.join(failed)}"
         staging = self.out / f".share-{self.job_id}.{os.getpid()}"
         staging.write_text(json.dumps(mark))
         staging.rename(self.out / f"share-{self.job_id}.json")
@@ -107,10 +110,10 @@ def tune_remotely(fn: Callable[[str], str], keys: list[str], payload: Mapping[st
     ended = time.time()
     done = [json.loads(p.read_text()) for p in sorted(out.glob("share-*.json"))]
     spans = [(max(d["start"], started), min(d["end"], ended)) for d in done]
-    refused = [d["refused"] for d in done if "refused" in d]
+    said = [d["said"] for d in done if "said" in d]
     filed = sum(1 for key in keys if (out / key).is_dir())
     return Remote(out, len(shares), filed, ended - started, union_seconds(spans),
-                  tuple(d["where"] for d in done), "; ".join([*refused, error] if error else refused))
+                  tuple(d["where"] for d in done), "; ".join([*said, error] if error else said))
 
 
 def union_seconds(spans: list[tuple[float, float]]) -> float:

@@ -31,14 +31,16 @@ def tune_share(share: str) -> str:
     if found != job.args["cxx"]:  # its objects would be filed under another compiler's key
         return job.end(f"has compiler {found!r}, not {job.args['cxx']!r}")
     compiler = job.args["compiler"]
+    failed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         built = cpu_tune.build_variants(entries, folder, compiler, Path(tmp))
         for entry in entries:
             record = cpu_tune.tune_kernel(entry, folder, compiler, job.args["repeat"], built[entry["key"]])
             winner = built[entry["key"]][record["variant"]]
             if isinstance(winner, str):
-                continue  # no variant builds: the stage tunes it here and reports the error
+                failed.append(f"{entry['names'][0]} ({winner})")  # the stage tunes it here, and says why
+                continue
             with job.kernel(entry["key"]) as staging:
                 shutil.copyfile(Path(winner).with_suffix(".o"), staging / OBJECT)
                 (staging / RECORD).write_text(json.dumps(record | {"where": job.where}, sort_keys=True))
-    return job.end()
+    return job.end(failed=tuple(failed))

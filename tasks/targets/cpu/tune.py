@@ -61,8 +61,8 @@ def build(source: Path, out: Path, compiler: list[str], include: Path) -> str | 
              [compiler[0], "-shared", *(f for f in flags if f == "-fopenmp"), str(obj), "-o", str(out)]]
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=include)
-        if proc.returncode != 0:
-            return proc.stderr[-2000:]
+        if proc.returncode != 0:  # a compiler that fails without a word still fails
+            return proc.stderr[-2000:].strip() or f"{cmd[0]} exited with status {proc.returncode}"
     return None
 
 

@@ -33,15 +33,19 @@ def tune_share(share: str) -> str:
     if found != wanted:
         return job.end("has " + ", ".join(f"{fact} {found[fact]!r}, not {wanted[fact]!r}"
                                            for fact in NODE_FACTS if found[fact] != wanted[fact]))
+    spec = Path(job.args["spec"])
+    names = {e["key"]: e["kernel"] for e in json.loads(spec.read_text())["kernels"]}
+    failed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         made = Path(tmp)
-        records = cuda_tune.tune_all(Path(job.args["spec"]), job.args["keys"], made, gpu_count())
-        for key, record in records.items():
-            stem = made / key[:16]
-            if not stem.with_suffix(".cubin").is_file():
-                continue  # no candidate runs: the stage says so when it tunes it here
+        records = cuda_tune.tune_all(spec, job.args["keys"], made, gpu_count())
+        for key in job.args["keys"]:
+            record, stem = records.get(key), made / key[:16]
+            if record is None or not stem.with_suffix(".cubin").is_file():
+                failed.append(f"{names[key]} (no candidate runs)")  # nor will it here, most likely
+                continue
             with job.kernel(key) as staging:
                 for suffix in SUFFIXES:
                     shutil.copyfile(stem.with_suffix(suffix), staging / f"kernel{suffix}")
                 (staging / RECORD).write_text(json.dumps(record | {"where": job.where}, sort_keys=True))
-    return job.end()
+    return job.end(failed=tuple(failed))

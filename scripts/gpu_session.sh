@@ -10,7 +10,8 @@
 # The zoo starts no model in the last 40% of the time (--deadline) and gives each model at most
 # a third of it. A results file from an earlier call is resumed (its models are not run again):
 # copy $OUT/zoo/results.jsonl to build-zoo/results.jsonl (ignored) and pass carry:
-# [".whl", "build-zoo"]. KILN_SERVER=0 for the zoo: each model compiles once, so a stage server
+# [".whl", "build-zoo"]. Runs worth keeping across checkouts are in bench/results/ (copy one to
+# build-zoo/results.jsonl to resume from it). KILN_SERVER=0 for the zoo: each model compiles once, so a stage server
 # would only take cores. Start the call's command with the install line wheels.sh prints.
 set -uo pipefail
 

@@ -282,3 +282,33 @@ def test_the_report_says_where_trace_spent_its_seconds(odd: Path, cache: Cache, 
     names = [name for name, _ in trace["parts"]]
     assert names == ["construction", "export", "decompositions", "serialization", "imports, worker"]
     assert sum(seconds for _, seconds in trace["parts"]) == pytest.approx(trace["seconds"], abs=0.01)
+
+
+def _spillable_model() -> torch.nn.Sequential:
+    """Tensors of every kind a build makes at ≥ 1 MiB: tied parameters, a buffer, an in-place
+    init after construction, and a conversion of the whole module."""
+    torch.manual_seed(3)
+    embedding, linear = torch.nn.Embedding(4096, 256), torch.nn.Linear(256, 4096)
+    linear.weight = embedding.weight
+    torch.nn.init.normal_(embedding.weight, std=0.02)
+    model = torch.nn.Sequential(embedding, linear)
+    model.register_buffer("mask", torch.ones(1024, 1024).tril(), persistent=False)
+    return model.to(torch.float16)
+
+
+def test_a_spilled_build_makes_the_values_a_plain_build_makes(tmp_path: Path) -> None:
+    from tasks.weights.spill import Spill
+
+    plain = _spillable_model()
+    spill = Spill(tmp_path)
+    with spill.building():
+        spilled = _spillable_model()
+    assert spill.spilled_bytes >= 2 * 4096 * 256 * 2 + 1024 * 1024 * 2  # the fp16 copies at least
+    assert not list(tmp_path.iterdir())  # the scratch files are unlinked once mapped
+    want = {**plain.state_dict(), "mask": plain.get_buffer("mask")}
+    got = {**spilled.state_dict(), "mask": spilled.get_buffer("mask")}
+    for name, tensor in got.items():
+        spill.release(tensor)  # its pages come back from the page cache, unchanged
+        assert tensor.dtype == want[name].dtype, name
+        assert torch.equal(tensor, want[name]), name
+    assert spilled.get_submodule("1").weight is spilled.get_submodule("0").weight

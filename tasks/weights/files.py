@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,8 +116,10 @@ _SAFETENSORS_DTYPES = {
 # length, a JSON header and the tensors' bytes, so it is written here straight from each
 # tensor's memory. As safetensors orders them, larger elements come first (each tensor stays
 # aligned to its element size), then by name; tied weights are written once per name.
-def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Save as safetensors, sealed with the file's own digest (seal_weights)."""
+def write_weights(tensors: dict[str, torch.Tensor], path: Path,
+                  after: Callable[[torch.Tensor], None] | None = None) -> None:
+    """Save as safetensors, sealed with the file's own digest (seal_weights); `after` is called
+    with each tensor once its bytes are written (a Spill hands its pages back)."""
     order = sorted(tensors, key=lambda name: (-tensors[name].element_size(), name))
     header: dict[str, Any] = {"__metadata__": {DIGEST_KEY: "0" * DIGEST_CHARS}}
     offset = 0
@@ -137,6 +140,8 @@ def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
         for name in order:
             data = tensors[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8)
             f.write(data.numpy().data)
+            if after is not None:
+                after(tensors[name])
     seal_weights(path)
 
 

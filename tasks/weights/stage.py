@@ -22,6 +22,7 @@ from contract.job import StageJob
 from tasks.trace.factory import build_model
 from tasks.weights.files import checked_checkpoint, write_weights
 from tasks.weights.manifest import CONSTANTS, MANIFEST, attribute, names_from, read_manifest, state_specs
+from tasks.weights.spill import Spill
 
 WEIGHTS = "weights.safetensors"
 INIT = "init.safetensors"
@@ -36,10 +37,12 @@ def run(job: StageJob) -> Mapping[str, Any]:
         return {"summary": "from the module"}
     checkpoint = job.config["weights.checkpoint"]
     if checkpoint is None:
-        module = build_model(job.config, job.model, Path(job.project_root))
+        spill = Spill(job.out_dir)
+        with spill.building():
+            module = build_model(job.config, job.model, Path(job.project_root))
         tensors = _from_module(module, made, traced)
         _, item, _ = _init_item(job, made, lambda: {n: tensors[n] for n in names_from(made, "init")})
-        write_weights(tensors, job.out_dir / WEIGHTS)
+        write_weights(tensors, job.out_dir / WEIGHTS, after=spill.release)
         return {"summary": f"seeded init (seed {job.config['weights.seed']})", "items": [item]}
     path = Path(checkpoint)
     state = checked_checkpoint(path, job.model, state_specs(made))
@@ -82,7 +85,8 @@ def _from_module(module: torch.nn.Module, made: dict[str, Any],
 
 
 def _seeded_init(job: StageJob, made: dict[str, Any]) -> dict[str, torch.Tensor]:
-    module = build_model(job.config, job.model, Path(job.project_root))
+    with Spill(job.out_dir).building():  # the parameters are built only to be dropped
+        module = build_model(job.config, job.model, Path(job.project_root))
     return {name: attribute(module, name).detach() for name in names_from(made, "init")}
 
 

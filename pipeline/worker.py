@@ -39,7 +39,10 @@ def load_entry(entry: str) -> StageFn:
 
 
 def peak_rss_self() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak RSS, or a finished child's if larger (the stage's tuning program,
+    a compiler): a stage's peak is that of the largest process it ran."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
 
 
 def _die_with_parent() -> None:

@@ -115,12 +115,35 @@ _SAFETENSORS_DTYPES = {
 # holds a model's weights twice (bert: 1.0 GB of peak for 0.5 GB of weights). The format is a
 # length, a JSON header and the tensors' bytes, so it is written here straight from each
 # tensor's memory. As safetensors orders them, larger elements come first (each tensor stays
-# aligned to its element size), then by name; tied weights are written once per name.
+# aligned to its element size), then by name; tied weights are written once per name. The seal
+# is digested from the bytes as they are written, so the file is never read back.
 def write_weights(tensors: dict[str, torch.Tensor], path: Path,
                   after: Callable[[torch.Tensor], None] | None = None) -> None:
-    """Save as safetensors, sealed with the file's own digest (seal_weights); `after` is called
-    with each tensor once its bytes are written (a Spill hands its pages back)."""
+    """Save as safetensors, sealed with the file's own digest: the xxh3-128 of the whole file as
+    it reads with the placeholder's 32 '0's, written into the placeholder (runtime/kiln_verify.h
+    checks it the same way). `after` is called with each tensor once its bytes are written (a
+    Spill hands its pages back)."""
     order = sorted(tensors, key=lambda name: (-tensors[name].element_size(), name))
+    text = _header(tensors, order)
+    digest = xxhash.xxh3_128()
+    with open(path, "wb") as f:
+        for chunk in (len(text).to_bytes(8, "little"), text):
+            f.write(chunk)
+            digest.update(chunk)
+        for name in order:
+            data = tensors[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data
+            f.write(data)
+            digest.update(data)
+            if after is not None:
+                after(tensors[name])
+        found = _PLACEHOLDER.search(text)
+        assert found is not None
+        f.seek(8 + found.start(1))
+        f.write(digest.hexdigest().encode())
+
+
+def _header(tensors: dict[str, torch.Tensor], order: list[str]) -> bytes:
+    """The safetensors header, padded to 8 bytes, with the seal's placeholder."""
     header: dict[str, Any] = {"__metadata__": {DIGEST_KEY: "0" * DIGEST_CHARS}}
     offset = 0
     for name in order:
@@ -133,36 +156,9 @@ def write_weights(tensors: dict[str, torch.Tensor], path: Path,
                         "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for name in order:
-            data = tensors[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-            f.write(data.numpy().data)
-            if after is not None:
-                after(tensors[name])
-    seal_weights(path)
+    return text + b" " * (-len(text) % 8)
 
 
 DIGEST_KEY = "kiln.xxh3_128"  # kiln_verify.h's kDigestKey
 DIGEST_CHARS = 32
 _PLACEHOLDER = re.compile(rb'"kiln\.xxh3_128"\s*:\s*"(0{32})"')
-
-
-def seal_weights(path: Path) -> str:
-    """Write the file's own digest into its placeholder: the xxh3-128 of the whole file as it
-    reads with the placeholder's 32 '0's (runtime/kiln_verify.h checks it the same way)."""
-    with open(path, "r+b") as f:
-        header_len = int.from_bytes(f.read(8), "little")
-        found = _PLACEHOLDER.search(f.read(header_len))
-        if found is None:
-            raise ValueError(f"{path}: no {DIGEST_KEY} placeholder in the header")
-        f.seek(0)
-        digest = xxhash.xxh3_128()
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-        text = digest.hexdigest()
-        f.seek(8 + found.start(1))
-        f.write(text.encode())
-    return text

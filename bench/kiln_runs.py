@@ -97,4 +97,4 @@ def program_digest(cache: Path, report: dict[str, Any]) -> str:
     """The digest of the exported program a compile's trace stage wrote (in the cache at cache)."""
     key = report["stages"][0]["key"]
     meta = json.loads((cache / "store" / "objects" / "trace" / key / "meta.json").read_text())
-    return str(meta["artifacts"]["program.json"]["sha256"])
+    return str(meta["artifacts"]["program.json"]["xxh3_128"])

@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 _CHUNK = 1 << 20
 
 
@@ -41,12 +43,24 @@ def digest_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def digest_data(data: bytes) -> str:
+    """The xxh3-128 of bytes in memory: what digest_file gives for a file holding them."""
+    return str(xxhash.xxh3_128(data).hexdigest())
+
+
 def digest_json(value: Any) -> str:
     return digest_bytes(canonical_json(value))
 
 
+# Note: files are digested with xxh3-128, not sha256: a weights file is hundreds of MB, and its
+# digest sits on the path of every compile that writes it, every checkpoint swap (the checkpoint's
+# digest is its key) and every load(); sha256 runs at about 0.5 GB/s here, xxh3 at several
+# GB/s. The digests guard against damage and tell contents apart, with 128 bits against chance
+# collisions; a cache is written by trusted processes, so nothing needs a cryptographic hash.
+# Keys (small JSON) stay sha256 (digest_bytes).
 def digest_file(path: Path) -> str:
-    h = hashlib.sha256()
+    """The xxh3-128 of a file's bytes, as 32 hex digits."""
+    h = xxhash.xxh3_128()
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)

@@ -205,14 +205,14 @@ def scan_artifacts(folder: Path) -> dict[str, Artifact]:
 
 
 def _artifact_json(artifacts: Mapping[str, Artifact]) -> dict[str, Any]:
-    return {a.name: {"sha256": a.digest, "bytes": a.size} for a in artifacts.values()}
+    return {a.name: {"xxh3_128": a.digest, "bytes": a.size} for a in artifacts.values()}
 
 
 def _read_entry(stage: str, key: str, path: Path) -> Entry:
     try:
         meta = json.loads((path / META).read_text())
         artifacts = {
-            name: Artifact(name, info["sha256"], int(info["bytes"]))
+            name: Artifact(name, info["xxh3_128"], int(info["bytes"]))
             for name, info in meta["artifacts"].items()
         }
     except (OSError, ValueError, KeyError, TypeError) as err:

@@ -32,15 +32,16 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class FileRecord:
-    """A published file: its size, its sha256, and for the weights their xxh3-128 (the digest
-    the weights file carries in its own header, which model.so checks)."""
+    """A published file: its size, its digest (cache.hashing.digest_file: the file's xxh3-128),
+    and for the weights their xxh3_128 (the digest the weights file carries in its own header,
+    which model.so checks)."""
 
     bytes: int
-    sha256: str
+    digest: str
     xxh3_128: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        found: dict[str, Any] = {"bytes": self.bytes, "sha256": self.sha256}
+        found: dict[str, Any] = {"bytes": self.bytes, "digest": self.digest}
         if self.xxh3_128 is not None:
             found["xxh3_128"] = self.xxh3_128
         return found
@@ -51,7 +52,7 @@ class FileRecord:
         size, xxh3 = record.get("bytes"), record.get("xxh3_128")
         if not isinstance(size, int) or (xxh3 is not None and not isinstance(xxh3, str)):
             raise ValueError("a file record needs an integer bytes and a string xxh3_128")
-        return cls(size, _str(record, "sha256"), xxh3)
+        return cls(size, _str(record, "digest"), xxh3)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ new handle per input (deleted after the call), and outputs come back as new hand
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import os
 import tempfile
@@ -17,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cache.hashing import digest_data
 from contract.errors import KilnError
 from contract.return_types import register_named_in
 from pipeline.integrity import (
     MODEL_SO,
     WEIGHTS,
     BuildManifest,
-    check_sha256,
+    check_digest,
     check_size,
     check_weights_header,
     read_manifest,
@@ -86,8 +86,8 @@ def open_library(so: Path, manifest: BuildManifest | None = None, verify: bool =
     if manifest is not None:
         check_size(manifest, so)
         if verify:
-            check_sha256(manifest, so, data)
-    digest = hashlib.sha256(data).hexdigest()
+            check_digest(manifest, so, data)
+    digest = digest_data(data)
     if digest not in _LIBRARIES:
         _LIBRARIES[digest] = _load_copy(so, data)
     return _LIBRARIES[digest]

@@ -1,17 +1,17 @@
 """What `load()` checks before it trusts a build folder: model.json's files section against the
 files there. Sizes are always checked (a truncated model.so would kill the process with SIGBUS
-once mapped); digests by default: model.so's sha256 here, on the bytes the loader reads anyway,
+once mapped); digests by default: model.so's xxh3-128 here, on the bytes the loader reads anyway,
 and the weights' xxh3-128 in model.so itself (runtime/kiln_verify.h), which also serves C++.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache.hashing import digest_data
 from contract.errors import KilnError
 from contract.model_json import FileRecord, ModelJson
 
@@ -60,9 +60,9 @@ def check_size(manifest: BuildManifest, path: Path) -> None:
                         "(truncated or replaced)", _RECOMPILE)
 
 
-def check_sha256(manifest: BuildManifest, path: Path, data: bytes) -> None:
-    expected = manifest.file(path.name).sha256
-    if hashlib.sha256(data).hexdigest() != expected:
+def check_digest(manifest: BuildManifest, path: Path, data: bytes) -> None:
+    expected = manifest.file(path.name).digest
+    if digest_data(data) != expected:
         raise KilnError(f"{path} does not match the digest {manifest.path.name} records "
                         "(damaged or changed after kiln wrote it)", _RECOMPILE)
 

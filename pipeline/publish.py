@@ -8,7 +8,7 @@ Every file is the folder's own bytes: a reflink where the filesystem has them, e
 file the old folder already holds with the same digest (checked by its stamp) is linked from
 there, since the old folder is deleted once the new one is in.
 
-model.json gains a "files" section: the size and sha256 of every published file, and for the
+model.json gains a "files" section: the size and xxh3-128 of every published file, and for the
 weights the xxh3-128 their header carries, which `load()` and kiln_model_create check.
 `.kiln-build.json` keeps each file's digest and stamp, so a no-op compile finds the folder
 already whole without reading it.
@@ -46,7 +46,7 @@ Step = Callable[[str], None]  # told each step's name before it runs (the fault 
 @dataclass(frozen=True)
 class Source:
     path: Path  # the cache's file
-    digest: str  # sha256
+    digest: str  # xxh3-128 (cache.hashing.digest_file)
     size: int
 
 
@@ -126,7 +126,7 @@ def _fill(staged: Path, out: Path, files: Mapping[str, Source], reports: Mapping
     step("write stamps")
     for name, source in files.items():
         digest = source.digest if name != MODEL_JSON else ""
-        stamps[name] = {"sha256": digest, "stamp": _stamp(staged / name)}
+        stamps[name] = {"digest": digest, "stamp": _stamp(staged / name)}
     (staged / STAMPS).write_text(json.dumps({"complete": MODEL_SO in files, "files": stamps},
                                             sort_keys=True, indent=1))
 
@@ -167,14 +167,14 @@ def _read_stamps(out: Path) -> dict[str, Any]:
 
 
 def _verified_files(out: Path) -> dict[str, tuple[str, int]]:
-    """The old folder's files whose stamps show them unchanged since publish: name -> (sha256,
+    """The old folder's files whose stamps show them unchanged since publish: name -> (digest,
     inode)."""
     found = {}
     for name, info in _read_stamps(out).get("files", {}).items():
         try:
             stamp = _stamp(out / name)
-            if stamp == info["stamp"] and info["sha256"]:
-                found[name] = (str(info["sha256"]), stamp[3])
+            if stamp == info["stamp"] and info["digest"]:
+                found[name] = (str(info["digest"]), stamp[3])
         except (OSError, KeyError, TypeError):
             continue
     return found

@@ -160,7 +160,7 @@ def full_verify(cache: Path) -> list[str]:
             meta = json.loads((entry / "meta.json").read_text())
             for name, info in meta["artifacts"].items():
                 path = entry / name
-                if path.stat().st_size != info["bytes"] or digest_file(path) != info["sha256"]:
+                if path.stat().st_size != info["bytes"] or digest_file(path) != info["xxh3_128"]:
                     problems.append(f"{entry.relative_to(store)}/{name} does not match its digest")
         except (OSError, ValueError, KeyError) as err:
             problems.append(f"{entry.relative_to(store)}: {err}")

@@ -57,7 +57,7 @@ def _source_digest(root: Path, rel: str) -> str:
 
 
 def file_digest(path: Path, records: Records) -> str:
-    """A file's sha256, re-hashed only when its stat stamp changed (checkpoints are large)."""
+    """A file's digest (digest_file), re-hashed only when its stat stamp changed (checkpoints are large)."""
     try:
         st = path.stat()
     except OSError:

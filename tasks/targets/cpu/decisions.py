@@ -12,7 +12,7 @@ from typing import Any
 class CpuDecision:
     variant: str
     config: Mapping[str, Any]  # parallel, simd, split_r
-    object: str  # sha256 of objects/<key16>.o
+    object: str  # digest_file of objects/<key16>.o
 
     def to_json(self) -> dict[str, Any]:
         return {"variant": self.variant, "config": dict(self.config), "object": self.object}

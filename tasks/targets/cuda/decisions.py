@@ -36,7 +36,7 @@ class CudaDecision:
     function: str  # the variant's function in the kernel's module
     config: Mapping[str, int]  # XBLOCK, RBLOCK, num_warps, num_stages
     tuned: bool  # False: the default candidate, compiled without a GPU to time it on
-    cubin: str  # sha256 of cubins/<key16>.cubin
+    cubin: str  # digest_file of cubins/<key16>.cubin
     launch: LaunchFacts
 
     def to_json(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """What checking a build on load costs (not a timed test): `python bench/verify_load.py [MODEL]`.
 
 Compiles MODEL (bert by default: 440 MB of fp32 weights) into a fresh folder, then, side by side
-in one process with the file in the page cache, times `load(out)` (sizes, model.so's sha256 and
+in one process with the file in the page cache, times `load(out)` (sizes, model.so's xxh3-128 and
 the weights' xxh3-128, checked by model.so) against `load(out, verify=False)` (sizes only),
 alternating, and the two hashes it could have used, over the weights file alone. Prints a table
 and writes out/verify_load.json.

@@ -83,11 +83,11 @@ def open_library(so: Path, manifest: BuildManifest | None = None, verify: bool =
     again share that library, as one path did before.
     """
     data = so.read_bytes()
+    digest = digest_data(data)
     if manifest is not None:
         check_size(manifest, so)
         if verify:
-            check_digest(manifest, so, data)
-    digest = digest_data(data)
+            check_digest(manifest, so, digest)
     if digest not in _LIBRARIES:
         _LIBRARIES[digest] = _load_copy(so, data)
     return _LIBRARIES[digest]

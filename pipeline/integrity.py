@@ -11,7 +11,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.hashing import digest_data
 from contract.errors import KilnError
 from contract.model_json import FileRecord, ModelJson
 
@@ -42,11 +41,19 @@ def read_manifest(build_dir: Path) -> BuildManifest:
         raise KilnError(f"{build_dir} has no {MODEL_JSON}", _RECOMPILE) from None
     except (OSError, ValueError) as err:
         raise KilnError(f"{path} is unreadable ({_short(err)})", _RECOMPILE) from None
+    if _written_before_xxh3(data):
+        raise KilnError(f"{path} was written by an older kiln (its files are listed by sha256)",
+                        _RECOMPILE)
     try:
         model = ModelJson.from_json(data)
     except ValueError as err:
         raise KilnError(f"{path} is not a kiln model description ({err})", _RECOMPILE) from None
     return BuildManifest(path, model)
+
+
+def _written_before_xxh3(data: object) -> bool:
+    files = data.get("files") if isinstance(data, dict) else None
+    return isinstance(files, dict) and any(isinstance(f, dict) and "sha256" in f for f in files.values())
 
 
 def check_size(manifest: BuildManifest, path: Path) -> None:
@@ -60,9 +67,10 @@ def check_size(manifest: BuildManifest, path: Path) -> None:
                         "(truncated or replaced)", _RECOMPILE)
 
 
-def check_digest(manifest: BuildManifest, path: Path, data: bytes) -> None:
+def check_digest(manifest: BuildManifest, path: Path, digest: str) -> None:
+    """digest (of the bytes read from path) is the one the manifest records."""
     expected = manifest.file(path.name).digest
-    if digest_data(data) != expected:
+    if digest != expected:
         raise KilnError(f"{path} does not match the digest {manifest.path.name} records "
                         "(damaged or changed after kiln wrote it)", _RECOMPILE)
 

@@ -40,7 +40,8 @@ def load_entry(entry: str) -> StageFn:
 
 def peak_rss_self() -> int:
     """This process's peak RSS, or a finished child's if larger (the stage's tuning program,
-    a compiler): a stage's peak is that of the largest process it ran."""
+    a compiler): a stage's peak is that of the largest process it ran. In process (the
+    in-process executor, for tests) the children are every child the engine ever had."""
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
 

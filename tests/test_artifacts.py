@@ -49,6 +49,19 @@ def test_model_json_refuses_what_kiln_never_writes(change: object, problem: str)
         ModelJson.from_json(data)
 
 
+def test_a_build_folder_of_an_older_kiln_says_so(tmp_path: Path) -> None:
+    from contract.errors import KilnError
+    from pipeline.integrity import read_manifest
+
+    data = _MODEL.to_json()
+    for record in data["files"].values():
+        record["sha256"] = record.pop("digest")  # how files were listed before xxh3-128
+    (tmp_path / "model.json").write_text(json.dumps(data))
+    with pytest.raises(KilnError, match="written by an older kiln") as raised:
+        read_manifest(tmp_path)
+    assert "recompile" in (raised.value.hint or "")
+
+
 def test_tuning_decisions_round_trip_to_the_same_bytes() -> None:
     cuda = {"k1": {"variant": "persistent", "function": "k1_persistent", "tuned": True, "cubin": "ab" * 32,
                    "config": {"XBLOCK": 32, "RBLOCK": 16, "num_warps": 4, "num_stages": 1},

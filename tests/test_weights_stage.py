@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -286,13 +287,16 @@ def test_the_report_says_where_trace_spent_its_seconds(odd: Path, cache: Cache, 
 
 def _spillable_model() -> torch.nn.Sequential:
     """Tensors of every kind a build makes at ≥ 1 MiB: tied parameters, a buffer, an in-place
-    init after construction, and a conversion of the whole module."""
+    init after construction, a conversion of the whole module; and tensors the spill leaves
+    alone (one that requires grad, a sparse one)."""
     torch.manual_seed(3)
     embedding, linear = torch.nn.Embedding(4096, 256), torch.nn.Linear(256, 4096)
     linear.weight = embedding.weight
     torch.nn.init.normal_(embedding.weight, std=0.02)
     model = torch.nn.Sequential(embedding, linear)
     model.register_buffer("mask", torch.ones(1024, 1024).tril(), persistent=False)
+    model.leaf = torch.randn(512, 512, requires_grad=True)
+    model.sparse = torch.eye(1024).to_sparse()
     return model.to(torch.float16)
 
 
@@ -303,7 +307,8 @@ def test_a_spilled_build_makes_the_values_a_plain_build_makes(tmp_path: Path) ->
     spill = Spill(tmp_path)
     with spill.building():
         spilled = _spillable_model()
-    assert spill.spilled_bytes >= 2 * 4096 * 256 * 2 + 1024 * 1024 * 2  # the fp16 copies at least
+    if spill.on:  # not where the tests' folder is in memory (tmpfs), where the spill is off
+        assert spill.spilled_bytes >= 2 * 4096 * 256 * 2 + 1024 * 1024 * 2  # the fp16 copies at least
     assert not list(tmp_path.iterdir())  # the scratch files are unlinked once mapped
     want = {**plain.state_dict(), "mask": plain.get_buffer("mask")}
     got = {**spilled.state_dict(), "mask": spilled.get_buffer("mask")}
@@ -312,3 +317,17 @@ def test_a_spilled_build_makes_the_values_a_plain_build_makes(tmp_path: Path) ->
         assert tensor.dtype == want[name].dtype, name
         assert torch.equal(tensor, want[name]), name
     assert spilled.get_submodule("1").weight is spilled.get_submodule("0").weight
+    leaf, sparse = cast(torch.Tensor, spilled.leaf), cast(torch.Tensor, spilled.sparse)
+    assert leaf.is_leaf  # untouched, as eager makes it
+    assert leaf.requires_grad
+    assert torch.equal(sparse.to_dense(), cast(torch.Tensor, plain.sparse).to_dense())
+
+
+def test_the_spill_is_off_where_its_folder_is_in_memory() -> None:
+    from tasks.weights.spill import Spill, _filesystem
+
+    assert _filesystem(Path("/proc/self")) == "proc"
+    shm = Path("/dev/shm")
+    if _filesystem(shm) != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm here")
+    assert not Spill(shm).on

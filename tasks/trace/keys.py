@@ -56,6 +56,9 @@ def _source_digest(root: Path, rel: str) -> str:
         return "missing"
 
 
+_FILE_DIGESTS = "filedigest.xxh3"  # its own namespace: "filedigest" held sha256 digests
+
+
 def file_digest(path: Path, records: Records) -> str:
     """A file's digest (digest_file), re-hashed only when its stat stamp changed (checkpoints are large)."""
     try:
@@ -63,10 +66,10 @@ def file_digest(path: Path, records: Records) -> str:
     except OSError:
         return "missing"
     stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-    known = records.get("filedigest", str(path))
+    known = records.get(_FILE_DIGESTS, str(path))
     if known is not None and known.get("stamp") == stamp:
         return str(known["digest"])
     digest = digest_file(path)
-    records.set("filedigest", str(path), {"stamp": stamp, "digest": digest})
+    records.set(_FILE_DIGESTS, str(path), {"stamp": stamp, "digest": digest})
     return digest
 

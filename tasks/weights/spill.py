@@ -55,6 +55,9 @@ _MAKERS: frozenset[Callable[..., Any]] = frozenset({
     torch.full_like, torch.Tensor.to, torch.Tensor.type, torch.Tensor.clone, torch.Tensor.float,
     torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.double,
 })
+# Makers whose values are unspecified: their tensor moves without a copy (a parameter's
+# torch.empty, before its init writes it, is most of what a build makes).
+_UNSET: frozenset[Callable[..., Any]] = frozenset({torch.empty, torch.empty_like})
 
 
 class Spill:
@@ -86,8 +89,9 @@ class Spill:
             if found is not None:
                 found.madvise(mmap.MADV_DONTNEED)
 
-    def moved(self, made: Any, arguments: Any) -> Any:
-        """made, moved into a mapping of its own when it is a large fresh CPU tensor."""
+    def moved(self, made: Any, arguments: Any, copy: bool = True) -> Any:
+        """made, moved into a mapping of its own when it is a large fresh CPU tensor (its values
+        copied, unless `copy` is False: they are unspecified)."""
         if not self.on or len(self._maps) >= self._most or not _spillable(made):
             return made
         address = _address(made)
@@ -100,8 +104,9 @@ class Spill:
             return made
         spilled = torch.frombuffer(mapping, dtype=made.dtype, count=made.numel()).view(made.shape)
         self._maps[_address(spilled)] = mapping
-        with torch.no_grad():
-            spilled.copy_(made)
+        if copy:
+            with torch.no_grad():
+                spilled.copy_(made)
         self.spilled_bytes += size
         return spilled
 
@@ -130,7 +135,7 @@ class _SpillMode(TorchFunctionMode):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         if func in _MAKERS:
-            result = self._spill.moved(result, (args, kwargs))
+            result = self._spill.moved(result, (args, kwargs), copy=func not in _UNSET)
         self._spill.released_all((args, kwargs, result))
         return result
 

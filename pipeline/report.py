@@ -10,6 +10,7 @@ from typing import Any
 from cache.hashing import pretty_json
 from contract.timings import TimingRecord, read_timings
 from pipeline.runner import BuildResult, StageRow
+from pipeline.worker import STAGE_IMPORTS
 
 REPORT = "report.json"
 TRACE = "trace.json"
@@ -31,19 +32,21 @@ def report_json(result: BuildResult) -> dict[str, Any]:
     }
 
 
-_PART_ORDER = ("construction", "export", "decompositions", "serialization")
+_PART_ORDER = (STAGE_IMPORTS, "model imports", "construction", "export", "decompositions", "serialization")
 
 
 def _parts(result: BuildResult, row: StageRow) -> dict[str, Any]:
     """Where a stage that ran spent its seconds, where it says (trace: construction, export,
-    decompositions, serialization); the rest is the interpreter, imports and the worker."""
+    decompositions, serialization; the worker adds its stage imports); the rest is the worker's
+    start (the interpreter) and the runner's commit."""
     entry = result.entries.get(row.stage)
     said = entry.meta.get("notes", {}).get("seconds") if entry is not None and row.status == "ran" else None
     if not isinstance(said, dict) or not said:
         return {}
     ordered = sorted(said, key=lambda k: (_PART_ORDER.index(k) if k in _PART_ORDER else len(_PART_ORDER), k))
     parts = [[str(k), round(float(said[k]), 4)] for k in ordered]
-    parts.append(["imports, worker", round(max(0.0, row.seconds - sum(float(said[k]) for k in ordered)), 4)])
+    rest = row.seconds - sum(float(said[k]) for k in ordered)
+    parts.append(["worker start, commit", round(max(0.0, rest), 4)])
     return {"parts": parts}  # pairs, in order: report.json's keys are sorted
 
 

@@ -18,6 +18,7 @@ import socket
 import sys
 import sysconfig
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ from contract.errors import KilnError
 from contract.job import StageJob
 
 StageFn = Callable[[StageJob], Mapping[str, Any]]
+STAGE_IMPORTS = "stage imports"  # the stage's code and torch, where the worker had not imported them ahead
 
 _PR_SET_PDEATHSIG = 1
 _served = False  # this worker was forked by the stage server (serve_child)
@@ -36,6 +38,18 @@ def load_entry(entry: str) -> StageFn:
     module_name, fn_name = entry.split(":")
     module = importlib.import_module(module_name)  # codedeps: a stage's entry, in that stage's key
     return cast(StageFn, getattr(module, fn_name))
+
+
+def run_stage(job: StageJob, waited: float = 0.0) -> dict[str, Any]:
+    """The stage's notes; where it says where its seconds went, with the seconds its entry's
+    imports cost it: those it waited for a worker importing ahead, and those taken here."""
+    started = time.perf_counter()
+    stage = load_entry(job.entry)
+    imported = waited + time.perf_counter() - started
+    notes = dict(stage(job))
+    if isinstance(notes.get("seconds"), dict):
+        notes["seconds"] = {**notes["seconds"], STAGE_IMPORTS: imported}
+    return notes
 
 
 def peak_rss_self() -> int:
@@ -62,7 +76,7 @@ def main(control: Path) -> int:
     return run_control(control)
 
 
-def run_control(control: Path, preloaded: frozenset[str] = frozenset()) -> int:
+def run_control(control: Path, preloaded: frozenset[str] = frozenset(), waited: float = 0.0) -> int:
     """Run the job in `control` and write its result.json; 0 if the stage ended well. The library
     modules it imported beyond `preloaded` are listed in the job's learn file."""
     job = StageJob.from_json((control / "job.json").read_text())
@@ -71,7 +85,7 @@ def run_control(control: Path, preloaded: frozenset[str] = frozenset()) -> int:
         # file, where a cache.py or tasks/ of theirs must not shadow kiln's.
         sys.path.append(job.project_root)
     try:
-        notes = dict(load_entry(job.entry)(job))
+        notes = run_stage(job, waited)
         result = {"ok": True, "notes": notes, "peak_rss": peak_rss_self(), "warnings": job.warnings,
                   "served": _served}
     except KilnError as err:
@@ -93,20 +107,32 @@ def warm_main(entry: str, target: str) -> int:
     then run the job whose control folder arrives on stdin; exit when stdin closes first (see
     pipeline/warm.py)."""
     _die_with_parent()
+    arrival: dict[str, Any] = {}
+    reader = threading.Thread(target=_await_control, args=(arrival,), daemon=True)
+    reader.start()
     try:
         module = importlib.import_module(entry.partition(":")[0])  # codedeps: the stage's entry
         getattr(module, "preload", lambda target: None)(target)
         imported = True
     except Exception:
         imported = False
-    control = sys.stdin.readline().strip()
+    ready = time.perf_counter()
+    reader.join()
+    control = str(arrival["line"]).strip()
     if not control:
         return 0
     if not imported:
         # Note: a fresh process, not a second import in this one: modules a failed import left
         # half-made would give a different, misleading error from the one the stage must report.
         os.execv(sys.executable, [sys.executable, "-m", "pipeline.worker", control])
-    return main(Path(control))
+    return run_control(Path(control), waited=max(0.0, ready - float(arrival["at"])))
+
+
+# Note: the control line is read beside the imports, so the worker knows how long the job waited
+# on them: the part of the imports that was not ahead of the stage (report.py's "stage imports").
+def _await_control(arrival: dict[str, Any]) -> None:
+    arrival["line"] = sys.stdin.readline()
+    arrival["at"] = time.perf_counter()
 
 
 def serve_child(conn: socket.socket) -> int:

@@ -281,7 +281,8 @@ def test_the_report_says_where_trace_spent_its_seconds(odd: Path, cache: Cache, 
     result = _compile(odd, cache, tmp_path / "out", with_consumer(STAGES))
     trace = report_json(result)["stages"][0]
     names = [name for name, _ in trace["parts"]]
-    assert names == ["construction", "export", "decompositions", "serialization", "imports, worker"]
+    assert names == ["stage imports", "model imports", "construction", "export", "decompositions",
+                     "serialization", "worker start, commit"]
     assert sum(seconds for _, seconds in trace["parts"]) == pytest.approx(trace["seconds"], abs=0.01)
 
 

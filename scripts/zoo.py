@@ -9,7 +9,9 @@ Usage:
 Each model runs in a process of its own (a native crash or a hang costs that model only), and
 prints one JSON line: its status (ok, mismatch, error, crash, timeout, skipped), the first line
 of any error, the error relative to eager's largest output and the seconds it took; with
---latency, kiln's and eager's median forward time too. At the end, a markdown table of every
+--latency, kiln's and eager's median forward time too. Where eager's outputs say little (each
+one value, or NaN), the input of the model's last Linear (its head) is checked too: the model
+compiled again with that Linear made an Identity. At the end, a markdown table of every
 model and the counts by status. Models whose package is not installed are skipped; the CPU
 CI machine has transformers, the GPU machine torchvision and timm too.
 
@@ -132,8 +134,20 @@ def _block(name: str) -> Any:
                                               nn.Conv2d(16, 16, 1), nn.BatchNorm2d(16), nn.Hardswish()),
         "bn_inplace_relu": lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
                                                  nn.MaxPool2d(2), nn.BatchNorm2d(8, affine=False)),
+        "zero_head": lambda: _zero_head(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                                      nn.Flatten(), nn.Linear(8, 10))),
     }
     return blocks[name]()
+
+
+def _zero_head(module: Any) -> Any:
+    """module with its last layer's weight and bias zero, as torchvision initializes ViT's head."""
+    import torch
+
+    with torch.no_grad():
+        module[-1].weight.zero_()
+        module[-1].bias.zero_()
+    return module
 
 
 def family_of(model: str) -> str:
@@ -223,7 +237,55 @@ def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, o
         with torch.no_grad():
             found |= milliseconds({"kiln": lambda: compiled(*inputs), "eager": lambda: module(*inputs)},
                                   device)
+    if "error" in found:  # the outputs say little: check what the head reads
+        found |= judged_below_head(below_head(module, inputs, target, cache, out), dtype_name, found)
     return found
+
+
+def below_head(module: Any, inputs: tuple[Any, ...], target: str, cache: Path, out: Path) -> dict[str, Any]:
+    """The zoo's check on the input of the module's last Linear (its classifier head), the module
+    then compiled again with that Linear made an Identity; {} where it has no Linear.
+
+    Note: a head zero-initialized (torchvision's ViT) or fed activations that fp16 collapsed gives
+    logits of one value, which any program that keeps the shapes matches."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    import kiln
+
+    linears = [name for name, sub in module.named_modules() if isinstance(sub, torch.nn.Linear)]
+    if not linears:
+        return {}
+    parent, _, attr = linears[-1].rpartition(".")
+    setattr(module.get_submodule(parent), attr, torch.nn.Identity())
+    try:
+        with torch.no_grad():
+            want = module(*inputs)
+        got = kiln.compile(module, inputs, target=target, out=out.with_name(f"{out.name}-head-input"),
+                           cache_dir=cache)(*inputs)
+    except Exception as err:
+        return {"head_input": f"not checked: {type(err).__name__}: {str(err)[:120]}"}
+    pairs = list(zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=False))
+    relative, nonfinite = compare(pairs)
+    return {"head_input_error": relative, "head_input_says_little": bool(nonfinite) or constant(pairs)}
+
+
+def _head_input_cell(row: dict[str, Any]) -> str:
+    """The table's "head input" cell: the error below a head whose outputs said little."""
+    if "head_input_error" not in row:
+        return str(row.get("head_input", ""))[:40]
+    return f"{row['head_input_error']:.2e}" + (" (weak too)" if row["head_input_says_little"] else "")
+
+
+def judged_below_head(below: dict[str, Any], dtype_name: str, found: dict[str, Any]) -> dict[str, Any]:
+    """found's status and note, with the check below the head."""
+    if "head_input_error" not in below:
+        return below
+    error = below["head_input_error"]
+    status = found["status"] if error <= TOLERANCE[dtype_name] else "mismatch"
+    says = "says little too" if below["head_input_says_little"] else "is informative"
+    note = f"{found['error']}; the head's input ({says}): error {error:.2e}"
+    return below | {"status": status, "error": note}
 
 
 def compare(pairs: list[tuple[Any, Any]]) -> tuple[float, int]:
@@ -347,13 +409,16 @@ def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """A markdown table: model, status, error relative to eager, kiln's and eager's latency."""
-    rows = ["| model | status | max error (rel.) | kiln ms | eager ms | compile s | note |",
-            "|---|---|---|---|---|---|---|"]
+    """A markdown table: model, status, error relative to eager (and below the head, where the
+    outputs said little), kiln's and eager's latency."""
+    rows = ["| model | status | max error (rel.) | head input | kiln ms | eager ms | compile s | note |",
+            "|---|---|---|---|---|---|---|---|"]
     for r in results:
         error = f"{r['relative_error']:.2e}" if "relative_error" in r else ""
+        head = _head_input_cell(r)
         times = f"{r.get('kiln_ms', '')} | {r.get('eager_ms', '')} | {r.get('compile_s', '')}"
-        rows.append(f"| {r['model']} | {r['status']} | {error} | {times} | {r.get('error', '')[:90]} |")
+        note = r.get("error", "")[:90]
+        rows.append(f"| {r['model']} | {r['status']} | {error} | {head} | {times} | {note} |")
     return "\n".join(rows)
 
 

@@ -58,6 +58,24 @@ def test_an_encoder_keeps_its_config_and_is_not_warned_about() -> None:
     assert decoder.config.use_cache
 
 
+def test_a_model_whose_outputs_say_little_is_checked_at_its_heads_input(tmp_path: Path) -> None:
+    found = run_one("block:zero_head", "cpu", "float32", False, tmp_path / "cache", tmp_path / "build")
+    assert found["status"] == "ok", found
+    assert "a weak check" in found["error"]
+    assert found["head_input_says_little"] is False
+    assert found["head_input_error"] < 1e-5
+    assert "the head's input (is informative)" in found["error"]
+
+
+def test_a_head_input_that_differs_fails_the_model() -> None:
+    from scripts.zoo import judged_below_head
+
+    weak = {"status": "ok", "error": "eager's outputs are each one value"}
+    below = {"head_input_error": 0.5, "head_input_says_little": False}
+    assert judged_below_head(below, "float16", weak)["status"] == "mismatch"
+    assert judged_below_head({}, "float16", weak) == {}
+
+
 def test_the_zoo_runs_one_of_each_kind_before_the_second_of_any() -> None:
     models = ["tv:resnet101", "tv:resnet18", "tv:resnet50", "tv:vgg13", "tv:vgg11", "hf:bert",
               "timm:resnet18"]

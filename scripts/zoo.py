@@ -395,7 +395,8 @@ def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
     """Each model's last result in a results file (a line per finished model); a line cut short
-    by a killed run, or a model an earlier deadline left unrun, is skipped, so that model runs."""
+    by a killed run, a model an earlier deadline left unrun, and a weak check from before the
+    head's input was checked (below_head) are skipped, so that model runs."""
     found: dict[str, dict[str, Any]] = {}
     lines = path.read_text().splitlines() if path.is_file() else []
     for line in lines:
@@ -403,9 +404,15 @@ def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
             result = json.loads(line)
         except ValueError:
             continue
-        if result.get("status") != "not run":
+        if result.get("status") != "not run" and not _weak_unchecked(result):
             found[result["model"]] = result
     return found
+
+
+def _weak_unchecked(result: dict[str, Any]) -> bool:
+    said = str(result.get("error", ""))
+    weak = result.get("status") == "ok" and ("a weak check" in said or "NaN/inf values" in said)
+    return weak and "head_input_error" not in result and "head_input" not in result
 
 
 def table(results: list[dict[str, Any]]) -> str:

@@ -76,6 +76,21 @@ def test_a_head_input_that_differs_fails_the_model() -> None:
     assert judged_below_head({}, "float16", weak) == {}
 
 
+def test_a_resumed_zoo_runs_again_what_it_could_not_judge(tmp_path: Path) -> None:
+    import json
+
+    from scripts.zoo import _earlier_results
+
+    weak = "eager's outputs are each one value (a zero-initialized head?): a weak check"
+    rows = [{"model": "tv:a", "status": "ok"}, {"model": "tv:b", "status": "not run"},
+            {"model": "tv:c", "status": "ok", "error": weak},
+            {"model": "tv:d", "status": "ok", "error": weak, "head_input_error": 0.0,
+             "head_input_says_little": False}]
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"model\": \"tv:e\", \"sta")
+    assert sorted(_earlier_results(path)) == ["tv:a", "tv:d"]
+
+
 def test_the_zoo_runs_one_of_each_kind_before_the_second_of_any() -> None:
     models = ["tv:resnet101", "tv:resnet18", "tv:resnet50", "tv:vgg13", "tv:vgg11", "hf:bert",
               "timm:resnet18"]

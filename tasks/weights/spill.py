@@ -78,11 +78,10 @@ class Spill:
             yield
 
     def release(self, tensor: torch.Tensor) -> None:
-        found = self._maps.get(_address(tensor))
-        if found is not None:
-            found.madvise(mmap.MADV_DONTNEED)
+        self.released_all(tensor)
 
     def released_all(self, values: Any) -> None:
+        """Hand back the pages of every mapped tensor among values (a pytree)."""
         addresses = {_address(t) for t in tree_leaves(values) if isinstance(t, torch.Tensor)}
         for address in addresses:
             found = self._maps.get(address)

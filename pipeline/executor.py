@@ -26,7 +26,7 @@ from cache.store import Store
 from contract.job import StageJob
 from pipeline.prebuild import Prebuilds
 from pipeline.stages import Stage
-from pipeline.worker import peak_rss_self, run_stage
+from pipeline.worker import stage_peak_rss, run_stage
 
 Progress = Callable[[int, int, str], None]  # done, total, what: a long stage's progress
 CodeDigest = Callable[[Stage], str]  # a stage's code digest: the key of the items it makes
@@ -86,7 +86,7 @@ class InProcessExecutor:
 
     def run(self, job: StageJob, on_progress: Progress | None = None) -> Outcome:
         self.start_ahead()
-        return Outcome(run_stage(job), peak_rss_self(), tuple(job.warnings))
+        return Outcome(run_stage(job), stage_peak_rss(), tuple(job.warnings))
 
     def launch(self, job: StageJob) -> Launch:
         return Launch(lambda on_progress: self.run(job, on_progress))

@@ -52,7 +52,7 @@ def run_stage(job: StageJob, waited: float = 0.0) -> dict[str, Any]:
     return notes
 
 
-def peak_rss_self() -> int:
+def stage_peak_rss() -> int:
     """This process's peak RSS, or a finished child's if larger (the stage's tuning program,
     a compiler): a stage's peak is that of the largest process it ran. In process (the
     in-process executor, for tests) the children are every child the engine ever had."""
@@ -86,7 +86,7 @@ def run_control(control: Path, preloaded: frozenset[str] = frozenset(), waited: 
         sys.path.append(job.project_root)
     try:
         notes = run_stage(job, waited)
-        result = {"ok": True, "notes": notes, "peak_rss": peak_rss_self(), "warnings": job.warnings,
+        result = {"ok": True, "notes": notes, "peak_rss": stage_peak_rss(), "warnings": job.warnings,
                   "served": _served}
     except KilnError as err:
         result = {"ok": False, "error": {**err.to_json(), "detail": err.detail}}

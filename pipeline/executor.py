@@ -26,7 +26,7 @@ from cache.store import Store
 from contract.job import StageJob
 from pipeline.prebuild import Prebuilds
 from pipeline.stages import Stage
-from pipeline.worker import stage_peak_rss, run_stage
+from pipeline.worker import run_stage, stage_peak_rss
 
 Progress = Callable[[int, int, str], None]  # done, total, what: a long stage's progress
 CodeDigest = Callable[[Stage], str]  # a stage's code digest: the key of the items it makes

@@ -212,7 +212,9 @@ def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, o
     dtype = getattr(torch, dtype_name)
     device = "cuda" if target == "cuda" else "cpu"
     module, inputs_for = build(model, full)
-    module = module.eval().to(device)
+    module = module.to(device)
+    calibrated = calibrate_norms(module, tuple(t.to(device) for t in inputs_for(CALIBRATION_BATCH)))
+    module = module.eval()
     inputs = tuple(t.to(device) for t in inputs_for(2))
     if dtype != torch.float32:
         module = module.to(dtype)
@@ -228,7 +230,8 @@ def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, o
     pairs = list(zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=False))
     relative, nonfinite = compare(pairs)
     status = "ok" if relative <= TOLERANCE[dtype_name] else "mismatch"
-    found = {"status": status, "relative_error": relative, "outputs": len(pairs)} | profile
+    found = {"status": status, "relative_error": relative, "outputs": len(pairs),
+             "calibrated_norms": calibrated} | profile
     if nonfinite:
         found["error"] = f"eager gives {nonfinite} NaN/inf values; kiln must match them in place"
     elif constant(pairs):
@@ -240,6 +243,38 @@ def run_one(model: str, target: str, dtype_name: str, full: bool, cache: Path, o
     if "error" in found:  # the outputs say little: check what the head reads
         found |= judged_below_head(below_head(module, inputs, target, cache, out), dtype_name, found)
     return found
+
+
+CALIBRATION_BATCH = 8  # inputs of the one forward that measures the BatchNorms' statistics
+
+
+def calibrate_norms(module: Any, inputs: tuple[Any, ...]) -> int:
+    """Give every BatchNorm that tracks statistics the running mean and variance of its input
+    on `inputs` (one forward in train mode, without grad, before any dtype conversion), as a
+    trained model's are; the module is left in train mode. The count of them.
+
+    Note: the zoo's models have random weights (no network to fetch trained ones), and eval's
+    BatchNorm then runs on its initial statistics (mean 0, variance 1): it normalizes nothing.
+    Deep nets so built give fp16 activations that overflow to NaN (resnet152, inception_v3) or
+    collapse to one value (mobilenet_v3, efficientnet), and a match with such an eager output
+    says little. A user's trained model has statistics that fit its data, which this gives.
+    """
+    import torch
+
+    norms = [m for m in module.modules()
+             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    if not norms:
+        return 0
+    momenta = [m.momentum for m in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average: after one batch, that batch's statistics
+    module.train()
+    with torch.no_grad():
+        module(*inputs)
+    for norm, momentum in zip(norms, momenta, strict=True):
+        norm.momentum = momentum
+    return len(norms)
 
 
 def below_head(module: Any, inputs: tuple[Any, ...], target: str, cache: Path, out: Path) -> dict[str, Any]:
@@ -396,7 +431,8 @@ def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
 def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
     """Each model's last result in a results file (a line per finished model); a line cut short
     by a killed run, a model an earlier deadline left unrun, and a weak check from before the
-    head's input was checked (below_head) are skipped, so that model runs."""
+    head's input was checked (below_head) or the BatchNorms calibrated are skipped, so that
+    model runs."""
     found: dict[str, dict[str, Any]] = {}
     lines = path.read_text().splitlines() if path.is_file() else []
     for line in lines:
@@ -410,9 +446,12 @@ def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _weak_unchecked(result: dict[str, Any]) -> bool:
+    """An ok row whose outputs said little, from before the head's input was checked or before
+    BatchNorms were calibrated (calibrate_norms): run again, it may say more."""
     said = str(result.get("error", ""))
     weak = result.get("status") == "ok" and ("a weak check" in said or "NaN/inf values" in said)
-    return weak and "head_input_error" not in result and "head_input" not in result
+    checked = ("head_input_error" in result or "head_input" in result) and "calibrated_norms" in result
+    return weak and not checked
 
 
 def table(results: list[dict[str, Any]]) -> str:

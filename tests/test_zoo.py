@@ -85,10 +85,35 @@ def test_a_resumed_zoo_runs_again_what_it_could_not_judge(tmp_path: Path) -> Non
     rows = [{"model": "tv:a", "status": "ok"}, {"model": "tv:b", "status": "not run"},
             {"model": "tv:c", "status": "ok", "error": weak},
             {"model": "tv:d", "status": "ok", "error": weak, "head_input_error": 0.0,
-             "head_input_says_little": False}]
+             "head_input_says_little": False, "calibrated_norms": 0},
+            {"model": "tv:f", "status": "ok", "error": weak, "head_input_error": 0.0,
+             "head_input_says_little": True}]  # from before calibrate_norms
     path = tmp_path / "results.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"model\": \"tv:e\", \"sta")
     assert sorted(_earlier_results(path)) == ["tv:a", "tv:d"]
+
+
+def test_calibrated_batchnorms_normalize_what_they_see_and_keep_their_momentum() -> None:
+    import torch
+    from torch import nn
+
+    from scripts.zoo import calibrate_norms
+
+    torch.manual_seed(0)
+    untracked = nn.BatchNorm2d(4, track_running_stats=False)
+    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, momentum=0.3), nn.ReLU(),
+                           nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4), untracked)
+    inputs = (torch.randn(8, 3, 16, 16) * 7 + 5,)
+    assert calibrate_norms(module, inputs) == 2
+    assert module[1].momentum == 0.3
+    assert module[4].momentum == 0.1
+    module.eval()
+    with torch.no_grad():
+        normalized = module[:5](*inputs)
+    mean, var = normalized.mean(dim=(0, 2, 3)), normalized.var(dim=(0, 2, 3))
+    assert torch.allclose(mean, torch.zeros(4), atol=1e-3), mean
+    assert torch.allclose(var, torch.ones(4), atol=1e-2), var
+    assert module[1].num_batches_tracked.item() == 1  # type: ignore[operator]
 
 
 def test_the_zoo_runs_one_of_each_kind_before_the_second_of_any() -> None:

@@ -264,3 +264,16 @@ def test_the_chrome_trace_puts_a_stage_beside_the_chain_on_a_track_of_its_own(pr
 
     events = chrome_trace(report_json(_with_aside(project, cache)))["traceEvents"][1:]
     assert {e["name"]: e["tid"] for e in events} == {"first": 1, "aside": 2, "second": 1, "third": 1}
+
+
+def test_workers_are_started_ahead_for_every_stage_that_may_start_when_one_ends() -> None:
+    from pipeline.stages import STAGES
+    from pipeline.workers import starting_next
+
+    chain = tuple(STAGES)
+    names = {stage.name: tuple(s.name for s in starting_next(chain[i:])) for i, stage in enumerate(chain)}
+    assert names["trace"] == ("weights", "lower")  # weights runs beside the chain: lower starts with it
+    assert names["weights"] == ("lower",)
+    assert names["lower"] == ("schedule",)
+    assert names[chain[-1].name] == ()
+    assert tuple(s.name for s in starting_next(FAKE_STAGES)) == ("second",)

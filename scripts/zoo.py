@@ -446,12 +446,14 @@ def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _weak_unchecked(result: dict[str, Any]) -> bool:
-    """An ok row whose outputs said little, from before the head's input was checked or before
-    BatchNorms were calibrated (calibrate_norms): run again, it may say more."""
+    """An ok row whose outputs said little, from before the head's input was checked, or whose
+    head's input said little too before BatchNorms were calibrated (calibrate_norms): run again,
+    it may say more."""
     said = str(result.get("error", ""))
     weak = result.get("status") == "ok" and ("a weak check" in said or "NaN/inf values" in said)
-    checked = ("head_input_error" in result or "head_input" in result) and "calibrated_norms" in result
-    return weak and not checked
+    informative = "head_input_error" in result and not result.get("head_input_says_little")
+    checked = "head_input_error" in result or "head_input" in result
+    return weak and not (informative or (checked and "calibrated_norms" in result))
 
 
 def table(results: list[dict[str, Any]]) -> str:

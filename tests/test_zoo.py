@@ -87,10 +87,12 @@ def test_a_resumed_zoo_runs_again_what_it_could_not_judge(tmp_path: Path) -> Non
             {"model": "tv:d", "status": "ok", "error": weak, "head_input_error": 0.0,
              "head_input_says_little": False, "calibrated_norms": 0},
             {"model": "tv:f", "status": "ok", "error": weak, "head_input_error": 0.0,
-             "head_input_says_little": True}]  # from before calibrate_norms
+             "head_input_says_little": True},  # weak below the head too, from before calibrate_norms
+            {"model": "tv:g", "status": "ok", "error": weak, "head_input_error": 0.0,
+             "head_input_says_little": False}]  # informative below the head: calibration changes nothing
     path = tmp_path / "results.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"model\": \"tv:e\", \"sta")
-    assert sorted(_earlier_results(path)) == ["tv:a", "tv:d"]
+    assert sorted(_earlier_results(path)) == ["tv:a", "tv:d", "tv:g"]
 
 
 def test_calibrated_batchnorms_normalize_what_they_see_and_keep_their_momentum() -> None:

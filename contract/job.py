@@ -46,6 +46,9 @@ class StageJob:
     # Where a worker lists the library modules it imported, for the stage server to import ahead
     # of the next compile's workers (pipeline/server.py); "" where there is no server.
     learn_file: str = field(default="", compare=False)
+    # Where the workers of stages that build the model list the libraries they import, so a
+    # worker waiting for such a stage imports them meanwhile (contract/libraries.py); "": none.
+    libraries_file: str = field(default="", compare=False)
     # The running compile's lease (cache/leases.py): the items the stage reads and writes join it.
     lease: str = field(default="", compare=False)
     # What the stage's item cache warned about (a corrupt item recomputed), for the runner to show.

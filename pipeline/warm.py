@@ -142,9 +142,11 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def start_worker(entry: str, target: str, log: Path, scope: str = "") -> WarmWorker:
+def start_worker(entry: str, target: str, log: Path, scope: str = "",
+                 libraries: Path | None = None) -> WarmWorker:
     """A worker for a stage: forked by this runner's stage server, its imports done; or, where
-    there is none ready, a fresh process that imports the stage's entry module while it waits."""
+    there is none ready, a fresh process that imports the stage's entry module while it waits
+    (and the libraries listed in `libraries`, for a stage that builds the model)."""
     env = worker_env()
     request = {"log": str(log), "env": env, "cwd": os.getcwd(), "umask": _umask(), "entry": entry,
                "target": target, "cpus": sorted(os.sched_getaffinity(0))}
@@ -156,7 +158,8 @@ def start_worker(entry: str, target: str, log: Path, scope: str = "") -> WarmWor
         except OSError:
             served[0].close()  # it exits, having touched nothing
     with log.open("wb") as out:
-        cmd = [sys.executable, "-m", "pipeline.worker", "--warm", entry, target]
+        listed = [str(libraries)] if libraries else []
+        cmd = [sys.executable, "-m", "pipeline.worker", "--warm", entry, target, *listed]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env)
     return WarmWorker(proc, log)
 
@@ -170,6 +173,7 @@ class WarmWorkers:
         self.target, self.scope = target, scope  # scope: the stage server's (pipeline/server.py)
         self._waiting: dict[str, WarmWorker] = {}
         self._logs = tmp / f"warm-logs-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # made when needed
+        self.libraries = self._logs / "libraries"  # what its model's stages import (contract/libraries.py)
         self.taken: list[str] = []  # the stages that ran in a worker started ahead (for tests)
 
     def start(self, stage: Stage) -> None:
@@ -178,7 +182,7 @@ class WarmWorkers:
             return
         self._logs.mkdir(parents=True, exist_ok=True)
         log = self._logs / f"{stage.name}.log"
-        self._waiting[stage.name] = start_worker(entry, self.target, log, self.scope)
+        self._waiting[stage.name] = start_worker(entry, self.target, log, self.scope, self.libraries)
 
     def take(self, stage: str) -> WarmWorker | None:
         """The stage's waiting worker, if it is still alive; it is the caller's from now on."""

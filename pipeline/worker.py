@@ -16,7 +16,6 @@ import resource
 import signal
 import socket
 import sys
-import sysconfig
 import threading
 import time
 import traceback
@@ -26,6 +25,7 @@ from typing import Any, cast
 
 from contract.errors import KilnError
 from contract.job import StageJob
+from contract.libraries import append_names, import_shared, library_modules
 
 StageFn = Callable[[StageJob], Mapping[str, Any]]
 STAGE_IMPORTS = "stage imports"  # the stage's code and torch, where the worker had not imported them ahead
@@ -102,10 +102,11 @@ def run_control(control: Path, preloaded: frozenset[str] = frozenset(), waited: 
     return 0 if result["ok"] else 1
 
 
-def warm_main(entry: str, target: str) -> int:
+def warm_main(entry: str, target: str, libraries: str = "") -> int:
     """Import the stage's entry module (and what its `preload(target)` imports, if it has one),
-    then run the job whose control folder arrives on stdin; exit when stdin closes first (see
-    pipeline/warm.py)."""
+    and for a stage that builds the model (MODEL_LIBRARIES) the libraries listed in
+    `libraries` meanwhile (contract/libraries.py); then run the job whose control folder
+    arrives on stdin; exit when stdin closes first (see pipeline/warm.py)."""
     _die_with_parent()
     arrival: dict[str, Any] = {}
     reader = threading.Thread(target=_await_control, args=(arrival,), daemon=True)
@@ -116,6 +117,8 @@ def warm_main(entry: str, target: str) -> int:
         imported = True
     except Exception:
         imported = False
+    if imported and libraries and getattr(module, "MODEL_LIBRARIES", False):
+        imported = import_shared(Path(libraries), lambda: "at" in arrival)
     ready = time.perf_counter()
     reader.join()
     control = str(arrival["line"]).strip()
@@ -196,26 +199,12 @@ def _append_libraries(learned: Path, names: set[str]) -> None:
     """The library modules among `names` that the learn file does not list yet: the server
     imports them when idle. Never the model's own files, nor kiln's (only site-packages and the
     standard library). Appended in one write; a server skips a line it cannot read."""
-    libraries = library_folders()
     with contextlib.suppress(OSError):
         listed = set(learned.read_text().split()) if learned.is_file() else set()
-        found = []
-        for name in [n for n in list(sys.modules) if n in names and n not in listed]:  # import order
-            path = getattr(sys.modules.get(name), "__file__", None)
-            if isinstance(path, str) and os.path.realpath(path).startswith(libraries):
-                found.append(name)
-        if found:
-            with learned.open("a") as out:
-                out.write("".join(f"{name}\n" for name in found))
-
-
-def library_folders() -> tuple[str, ...]:
-    """Where libraries live (site-packages, the standard library): what a server may import."""
-    paths = sysconfig.get_paths()
-    return tuple(sorted({os.path.realpath(paths[key]) + os.sep for key in ("purelib", "platlib", "stdlib")}))
+        append_names(learned, [name for name in library_modules(names) if name not in listed])
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--warm":
-        sys.exit(warm_main(sys.argv[2], sys.argv[3]))
+        sys.exit(warm_main(sys.argv[2], sys.argv[3], *sys.argv[4:5]))
     sys.exit(main(Path(sys.argv[1])))

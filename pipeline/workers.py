@@ -47,10 +47,15 @@ class WorkerExecutor(InProcessExecutor):
         self.ran = True
         warm = self.take_warm(job.stage)
         stop = threading.Event()
+        job = replace(job, libraries_file=self.libraries_file())
         return Launch(lambda on_progress: run_in_worker(job, on_progress, warm, stop, self.scope), stop.set)
 
     def take_warm(self, stage: str) -> WarmWorker | None:
         return None
+
+    def libraries_file(self) -> str:
+        """Where a stage that builds the model lists its libraries for workers waiting ("": none)."""
+        return ""
 
 
 class WarmWorkerExecutor(WorkerExecutor):
@@ -68,6 +73,9 @@ class WarmWorkerExecutor(WorkerExecutor):
         for ahead in starting_next(self.upcoming):
             self.pool.start(ahead)
         return self.pool.take(stage)
+
+    def libraries_file(self) -> str:
+        return str(self.pool.libraries)
 
     def close(self) -> None:
         super().close()

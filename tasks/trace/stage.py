@@ -18,6 +18,7 @@ import torch
 from cache.hashing import canonical_json, pretty_json
 from contract.errors import KilnError
 from contract.job import StageJob
+from contract.libraries import shared_while
 from tasks.trace import deps
 from tasks.trace.export import decompose, export_only, program_json, source_map, weight_tensors
 from tasks.trace.factory import build_model, example_inputs, import_factory
@@ -75,8 +76,9 @@ def _export_config_model(job: StageJob, root: Path, seconds: dict[str, float],
     args = example_inputs(job.config["inputs"], 0)
     warned = len(job.warnings)
     try:
-        _timed(seconds, "model imports", lambda: import_factory(job.config["model.factory"], job.model))
-        module, mode = _timed(seconds, "construction", lambda: build_fake(job.config, job.model, root))
+        with shared_while(job.libraries_file):
+            _timed(seconds, "model imports", lambda: import_factory(job.config["model.factory"], job.model))
+            module, mode = _timed(seconds, "construction", lambda: build_fake(job.config, job.model, root))
         exported = _timed(seconds, "export", lambda: export_only(module, fake_inputs(mode, args), job.model,
                                                                  root, job.warnings.append))
         return module, exported

@@ -277,3 +277,15 @@ def test_workers_are_started_ahead_for_every_stage_that_may_start_when_one_ends(
     assert names["lower"] == ("schedule",)
     assert names[chain[-1].name] == ()
     assert tuple(s.name for s in starting_next(FAKE_STAGES)) == ("second",)
+
+
+def test_a_worker_ends_at_once_with_what_it_printed() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = "from pipeline.worker import exit_now; print('python line'); exit_now(3)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as a worker
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env)
+    assert done.returncode == 3
+    assert done.stdout == "python line\n"

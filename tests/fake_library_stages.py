@@ -1,4 +1,4 @@
-"""Two stand-in stages for the libraries one stage's worker tells another's (contract/libraries.py):
+"""Stand-in stages: two for the libraries one stage's worker tells another's (contract/libraries.py):
 `lists` imports a library as trace does while it builds the model; `takes` (as weights) says
 whether that library was imported in its worker before its job came."""
 
@@ -35,3 +35,10 @@ LIBRARY_STAGES: tuple[Stage, ...] = (
     Stage("lists", "", config=("model.kwargs",), entry="tests.fake_library_stages:lists"),
     Stage("takes", "", reads=("lists/lists.txt",), entry="tests.fake_library_stages:takes"),
 )
+
+
+def collector(job: StageJob) -> Mapping[str, Any]:
+    """The state of Python's garbage collector in the worker that runs it."""
+    import gc
+
+    return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}

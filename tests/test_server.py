@@ -187,3 +187,23 @@ def test_a_fork_of_a_server_that_asked_for_gpus_can_use_cuda() -> None:
     found = subprocess.run([sys.executable, "-c", _SERVER_LIKE], cwd=Path(__file__).resolve().parents[1],
                            capture_output=True, text=True, timeout=300, check=False)
     assert found.returncode == 0, found.stderr[-2000:]
+
+
+def test_a_served_worker_collects_garbage_but_never_walks_the_servers_objects(
+        tmp_path: Path, served: Path) -> None:
+    from contract.job import StageJob
+
+    server.start(worker_env(), "cpu", "a model")
+    _wait_for_socket(served)
+    worker = start_worker("tests.fake_library_stages:collector", "cpu", tmp_path / "log.txt", "a model")
+    assert isinstance(worker.proc, ServedProc)
+    control = tmp_path / "control"
+    control.mkdir()
+    job = StageJob("collector", "m", {}, {}, {}, str(tmp_path), str(tmp_path), str(tmp_path),
+                   "tests.fake_library_stages:collector")
+    (control / "job.json").write_text(job.to_json())
+    worker.hand_over(control)
+    assert worker.proc.wait(timeout=60) == 0
+    notes = json.loads((control / "result.json").read_text())["notes"]
+    assert notes["enabled"] is True
+    assert notes["frozen"] > 10_000  # the server's imports: frozen before the fork

@@ -5,10 +5,10 @@ It imports torch, then waits the length of trace for its job; once the job came 
 model's libraries (transformers' bert: 3.4 s of a 8 s weights stage here) on the compile's
 critical path, since autotune waits for weights. Trace imports the same libraries while it
 builds the model, so it lists each one as it comes (`shared_while`), and the waiting worker of
-a stage that builds the model imports them meanwhile (`import_shared`). Only libraries are
-told (site-packages and the standard library, as the stage server learns them): never the
-model's own files, nor kiln's. A library imported early is the one the stage would import, as
-the stage server's workers have theirs (pipeline/server.py).
+a stage that builds the model (Stage.builds_model) imports them meanwhile (`import_shared`).
+Only libraries are told (site-packages and the standard library, as the stage server learns
+them): never the model's own files, nor kiln's. A library imported early is the one the stage
+would import, as the stage server's workers have theirs (pipeline/server.py).
 """
 
 from __future__ import annotations
@@ -36,12 +36,27 @@ def library_folders() -> tuple[str, ...]:
 def library_modules(names: set[str]) -> list[str]:
     """The modules among `names` whose files are in a library folder, in their import order."""
     libraries = library_folders()
-    found = []
-    for name in [n for n in list(sys.modules) if n in names]:
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if isinstance(path, str) and os.path.realpath(path).startswith(libraries):
-            found.append(name)
-    return found
+    return [name for name, module in sys.modules.copy().items()
+            if name in names and os.path.realpath(_file_of(module) or os.devnull).startswith(libraries)]
+
+
+def _file_of(module: object) -> str | None:
+    """A module's file, read from its namespace: never through getattr, which runs the import of
+    a lazily loaded module (importlib.util.LazyLoader) in the thread that asks."""
+    try:
+        found = object.__getattribute__(module, "__dict__").get("__file__")
+    except (AttributeError, TypeError):
+        return None
+    return found if isinstance(found, str) else None
+
+
+def _initializing(module: object) -> bool:
+    """Whether the module's import is still running (it may yet fail)."""
+    try:
+        spec = object.__getattribute__(module, "__dict__").get("__spec__")
+    except (AttributeError, TypeError):
+        return False
+    return bool(getattr(spec, "_initializing", False))
 
 
 def append_names(path: Path, names: list[str]) -> None:
@@ -61,14 +76,20 @@ def shared_while(path: str) -> Iterator[None]:
     stop = threading.Event()
 
     def tell() -> None:
-        new = set(sys.modules) - told
-        listed = library_modules(new)
-        told.update(new)
-        append_names(Path(path), listed)
+        # Note: a module still being imported is told once its import ends: a guarded import
+        # that fails would otherwise make the waiting worker fail it too, and start afresh.
+        imported = {name for name, module in sys.modules.copy().items()
+                    if name not in told and not _initializing(module)}
+        told.update(imported)
+        append_names(Path(path), library_modules(imported))
+
+    def tell_quietly() -> None:  # a speed-up only: it never fails the stage
+        with contextlib.suppress(Exception):
+            tell()
 
     def watch() -> None:
         while not stop.wait(POLL_S):
-            tell()
+            tell_quietly()
 
     watcher = threading.Thread(target=watch, daemon=True, name="kiln-libraries")
     watcher.start()
@@ -77,7 +98,7 @@ def shared_while(path: str) -> Iterator[None]:
     finally:
         stop.set()
         watcher.join()
-        tell()
+        tell_quietly()
 
 
 def import_shared(path: Path, arrived: Callable[[], bool]) -> bool:
@@ -94,8 +115,10 @@ def import_shared(path: Path, arrived: Callable[[], bool]) -> bool:
             if name in sys.modules or not _MODULE_NAME.fullmatch(name):
                 continue
             try:
-                __import__(name)
-            except (Exception, SystemExit):  # a library's import may raise anything
+                __import__(name)  # codedeps: a library trace imported (site-packages, stdlib), never kiln's
+            except (Exception, SystemExit) as err:  # a library's import may raise anything
+                print(f"kiln worker: importing {name} ahead failed ({type(err).__name__}); "
+                      "starting afresh", file=sys.stderr)
                 return False
         if not names:
             time.sleep(POLL_S)

@@ -29,6 +29,9 @@ class Stage:
     targets: tuple[str, ...] = ("cpu", "cuda")  # the targets the stage is built for
     planned: str = ""  # for a stage, or a target of it, not built yet: where it is planned
     measures: bool = False  # times code: the stages beside the chain end before it starts
+    # It may build the model: its worker, started ahead, imports the libraries an earlier stage
+    # listed while it built the model (contract/libraries.py).
+    builds_model: bool = False
     upstream: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +73,7 @@ STAGES: tuple[Stage, ...] = (
         entry="tasks.weights.stage:run",
         keys="tasks.weights.keys",
         publish=("weights.safetensors",),
+        builds_model=True,
     ),
     Stage(
         "lower",

@@ -5,8 +5,9 @@ seconds go to imports: lower's are torch's, ~2-3 s. While a stage runs, the runn
 next stage's worker, which imports that stage's entry module and waits on its stdin for a
 control folder. If the next stage does run, it takes that worker and the imports are already
 done; if it is cached or cut off, the worker is killed (it holds no job), having cost some CPU
-and no wall time. Only one stage ahead: the chain is linear, and what runs two stages down is
-not known until the stage between them has run.
+and no wall time. Only the stages that may start when the running one ends (the next, and the
+one after it where the next runs beside the chain, as weights does: pipeline/workers.py's
+starting_next): what runs further down is not known until the stages between have run.
 
 A stage's seconds in the report are the time the build waited for it: for a stage that ran in a
 worker started ahead, that leaves out the imports done while the stage before it ran.
@@ -146,7 +147,7 @@ def start_worker(entry: str, target: str, log: Path, scope: str = "",
                  libraries: Path | None = None) -> WarmWorker:
     """A worker for a stage: forked by this runner's stage server, its imports done; or, where
     there is none ready, a fresh process that imports the stage's entry module while it waits
-    (and the libraries listed in `libraries`, for a stage that builds the model)."""
+    (and, for a stage that builds the model, the libraries listed in `libraries`)."""
     env = worker_env()
     request = {"log": str(log), "env": env, "cwd": os.getcwd(), "umask": _umask(), "entry": entry,
                "target": target, "cpus": sorted(os.sched_getaffinity(0))}
@@ -182,7 +183,8 @@ class WarmWorkers:
             return
         self._logs.mkdir(parents=True, exist_ok=True)
         log = self._logs / f"{stage.name}.log"
-        self._waiting[stage.name] = start_worker(entry, self.target, log, self.scope, self.libraries)
+        libraries = self.libraries if stage.builds_model else None
+        self._waiting[stage.name] = start_worker(entry, self.target, log, self.scope, libraries)
 
     def take(self, stage: str) -> WarmWorker | None:
         """The stage's waiting worker, if it is still alive; it is the caller's from now on."""

@@ -104,9 +104,9 @@ def run_control(control: Path, preloaded: frozenset[str] = frozenset(), waited: 
 
 def warm_main(entry: str, target: str, libraries: str = "") -> int:
     """Import the stage's entry module (and what its `preload(target)` imports, if it has one),
-    and for a stage that builds the model (MODEL_LIBRARIES) the libraries listed in
-    `libraries` meanwhile (contract/libraries.py); then run the job whose control folder
-    arrives on stdin; exit when stdin closes first (see pipeline/warm.py)."""
+    and the libraries listed in `libraries` meanwhile, if given (a stage that builds the model:
+    contract/libraries.py); then run the job whose control folder arrives on stdin; exit when
+    stdin closes first (see pipeline/warm.py)."""
     _die_with_parent()
     arrival: dict[str, Any] = {}
     reader = threading.Thread(target=_await_control, args=(arrival,), daemon=True)
@@ -117,7 +117,7 @@ def warm_main(entry: str, target: str, libraries: str = "") -> int:
         imported = True
     except Exception:
         imported = False
-    if imported and libraries and getattr(module, "MODEL_LIBRARIES", False):
+    if imported and libraries:
         imported = import_shared(Path(libraries), lambda: "at" in arrival)
     ready = time.perf_counter()
     reader.join()
@@ -127,6 +127,8 @@ def warm_main(entry: str, target: str, libraries: str = "") -> int:
     if not imported:
         # Note: a fresh process, not a second import in this one: modules a failed import left
         # half-made would give a different, misleading error from the one the stage must report.
+        sys.stdout.flush()
+        sys.stderr.flush()
         os.execv(sys.executable, [sys.executable, "-m", "pipeline.worker", control])
     return run_control(Path(control), waited=max(0.0, ready - float(arrival["at"])))
 
@@ -214,6 +216,8 @@ def exit_now(code: int) -> NoReturn:
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)  # what native code printed: os._exit skips C's stdio too
     os._exit(code)
 
 

@@ -1,6 +1,7 @@
-"""Stand-in stages: two for the libraries one stage's worker tells another's (contract/libraries.py):
+"""Stand-in stages. Two for the libraries one stage's worker tells another's (contract/libraries.py):
 `lists` imports a library as trace does while it builds the model; `takes` (as weights) says
-whether that library was imported in its worker before its job came."""
+whether that library was imported in its worker before its job came. And `collector`, which
+says how Python's garbage collector stands in its worker."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from contract.libraries import shared_while
 from pipeline.stages import Stage
 
 LIBRARY = "wave"  # a standard library module no kiln worker imports otherwise
-MODEL_LIBRARIES = True  # a worker waiting for `takes` imports what `lists` lists
 
 
 def lists(job: StageJob) -> Mapping[str, Any]:
@@ -33,7 +33,8 @@ def takes(job: StageJob) -> Mapping[str, Any]:
 
 LIBRARY_STAGES: tuple[Stage, ...] = (
     Stage("lists", "", config=("model.kwargs",), entry="tests.fake_library_stages:lists"),
-    Stage("takes", "", reads=("lists/lists.txt",), entry="tests.fake_library_stages:takes"),
+    Stage("takes", "", reads=("lists/lists.txt",), entry="tests.fake_library_stages:takes",
+          builds_model=True),
 )
 
 

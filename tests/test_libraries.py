@@ -6,45 +6,67 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
-from contract.libraries import import_shared
 from pipeline.build import Cache, compile_model
 from pipeline.runner import BuildOptions
 from tests.conftest import write_config
 from tests.fake_library_stages import LIBRARY_STAGES
 
 
-def test_a_block_lists_the_libraries_it_imports_and_never_the_models_own_files(tmp_path: Path) -> None:
-    (tmp_path / "own_model_file.py").write_text("import colorsys\n")
-    listed = tmp_path / "libraries"
-    code = f"""
-        import sys
-        sys.path.insert(0, {str(tmp_path)!r})
-        import wave  # before the block: not listed
-        from contract.libraries import shared_while
-        with shared_while({str(listed)!r}):
-            import own_model_file
-            import json.tool
+def _run(code: str, tmp_path: Path) -> None:
+    """Run code in a fresh Python whose library folder is tmp_path/lib (and the model's own files
+    in tmp_path/own), so the modules it imports were imported by nothing before."""
+    (tmp_path / "lib").mkdir(exist_ok=True)
+    (tmp_path / "own").mkdir(exist_ok=True)
+    prelude = f"""
+        import os, sys, time
+        sys.path[:0] = [{str(tmp_path / "lib")!r}, {str(tmp_path / "own")!r}]
+        import contract.libraries as libraries
+        libraries.library_folders = lambda: ({str(tmp_path / "lib")!r} + os.sep,)
     """
-    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True)
-    names = listed.read_text().split()
-    assert "colorsys" in names
-    assert "json.tool" in names
-    assert "own_model_file" not in names
-    assert "wave" not in names
+    subprocess.run([sys.executable, "-c", textwrap.dedent(prelude) + textwrap.dedent(code)], check=True,
+                   timeout=60)
+
+
+def test_a_block_lists_the_libraries_it_imports_as_it_goes_and_never_the_models_own_files(
+        tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "own").mkdir()
+    for name in ("before", "first", "second"):
+        (tmp_path / "lib" / f"{name}.py").write_text("")
+    (tmp_path / "own" / "model_file.py").write_text("import second\n")
+    listed = tmp_path / "libraries"
+    _run(f"""
+        import before
+        with libraries.shared_while({str(listed)!r}):
+            import first
+            time.sleep(10 * libraries.POLL_S)
+            assert open({str(listed)!r}).read().split() == ["first"]  # told while the block runs
+            import model_file
+    """, tmp_path)
+    assert listed.read_text().split() == ["first", "second"]
 
 
 def test_listed_libraries_are_imported_until_the_job_comes_and_a_failure_says_so(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    for name in ("taken", "late"):
+        (tmp_path / "lib" / f"{name}.py").write_text("")
+    (tmp_path / "lib" / "broken.py").write_text("raise RuntimeError('no')\n")
     listed = tmp_path / "libraries"
-    listed.write_text("colorsys\nnot a name\n")
-    came = threading.Event()
-    threading.Timer(0.3, came.set).start()
-    assert import_shared(listed, came.is_set)
-    assert "colorsys" in sys.modules
-    listed.write_text("no_such_library_kiln_test\n")
-    assert not import_shared(listed, lambda: False)
+    listed.write_text("taken\nnot a name\n")
+    _run(f"""
+        from pathlib import Path
+        listed = Path({str(listed)!r})
+        start = time.monotonic()
+        assert libraries.import_shared(listed, lambda: time.monotonic() - start > 0.3)
+        assert "taken" in sys.modules
+        listed.write_text("late\\n")
+        assert libraries.import_shared(listed, lambda: True)  # the job came: nothing more
+        assert "late" not in sys.modules
+        listed.write_text("broken\\n")
+        assert not libraries.import_shared(listed, lambda: False)
+    """, tmp_path)
 
 
 def test_a_waiting_worker_imports_what_the_stage_before_it_listed(project: Path, cache: Cache) -> None:

@@ -89,10 +89,11 @@ def test_a_resumed_zoo_runs_again_what_it_could_not_judge(tmp_path: Path) -> Non
             {"model": "tv:f", "status": "ok", "error": weak, "head_input_error": 0.0,
              "head_input_says_little": True},  # weak below the head too, from before calibrate_norms
             {"model": "tv:g", "status": "ok", "error": weak, "head_input_error": 0.0,
-             "head_input_says_little": False}]  # informative below the head: calibration changes nothing
+             "head_input_says_little": False},  # informative below the head: calibration changes nothing
+            {"model": "seg:h", "status": "ok", "error": weak, "calibrated_norms": 3}]  # no Linear head
     path = tmp_path / "results.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"model\": \"tv:e\", \"sta")
-    assert sorted(_earlier_results(path)) == ["tv:a", "tv:d", "tv:g"]
+    assert sorted(_earlier_results(path)) == ["seg:h", "tv:a", "tv:d", "tv:g"]
 
 
 def test_calibrated_batchnorms_normalize_what_they_see_and_keep_their_momentum() -> None:
@@ -104,12 +105,13 @@ def test_calibrated_batchnorms_normalize_what_they_see_and_keep_their_momentum()
     torch.manual_seed(0)
     untracked = nn.BatchNorm2d(4, track_running_stats=False)
     module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, momentum=0.3), nn.ReLU(),
-                           nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4), untracked)
+                           nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4), untracked, nn.Dropout(0.9)).eval()
     inputs = (torch.randn(8, 3, 16, 16) * 7 + 5,)
-    assert calibrate_norms(module, inputs) == 2
+    assert calibrate_norms(module, lambda: inputs) == 2
     assert module[1].momentum == 0.3
     assert module[4].momentum == 0.1
-    module.eval()
+    assert not any(m.training for m in module.modules())
+    assert calibrate_norms(nn.Linear(2, 2), lambda: pytest.fail("inputs made for no BatchNorm")) == 0
     with torch.no_grad():
         normalized = module[:5](*inputs)
     mean, var = normalized.mean(dim=(0, 2, 3)), normalized.var(dim=(0, 2, 3))

@@ -25,9 +25,6 @@ from tasks.weights.manifest import CONSTANTS, MANIFEST, attribute, names_from, r
 from tasks.weights.spill import Spill
 
 WEIGHTS = "weights.safetensors"
-# It may build the model: a worker waiting for it imports the libraries trace lists meanwhile
-# (contract/libraries.py).
-MODEL_LIBRARIES = True
 INIT = "init.safetensors"
 _INIT_CONFIG = ("model.factory", "model.kwargs", "model.dtype", "weights.seed")
 

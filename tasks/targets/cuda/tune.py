@@ -558,8 +558,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Note: the autotune stage waits for this process's exit, and tearing down a Python that
-    # imported torch takes a while (0.4 s on a CPU machine); the results file is written and
-    # closed by now, so it ends at once.
+    # imported torch, triton and CUDA takes a while; the results file is written and closed by
+    # now (a --worker's records too), so it ends at once.
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -557,10 +557,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Note: the autotune stage waits for this process's exit, and tearing down a Python that
-    # imported torch, triton and CUDA takes a while; the results file is written and closed by
-    # now (a --worker's records too), so it ends at once.
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    sys.exit(main())

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 POLL_S = 0.05  # how often the lister looks for new modules, and the importer for new lines
-_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+# a dotted module name: a listed or learned line that may be imported
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def library_folders() -> tuple[str, ...]:
@@ -112,7 +113,7 @@ def import_shared(path: Path, arrived: Callable[[], bool]) -> bool:
             if arrived():
                 return True
             done += 1
-            if name in sys.modules or not _MODULE_NAME.fullmatch(name):
+            if name in sys.modules or not MODULE_NAME.fullmatch(name):
                 continue
             try:
                 __import__(name)  # codedeps: a library trace imported (site-packages, stdlib), never kiln's

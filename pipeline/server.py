@@ -43,7 +43,6 @@ import hashlib
 import importlib
 import json
 import os
-import re
 import select
 import socket
 import stat
@@ -56,13 +55,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from contract.config import KILN_PACKAGES, PROJECT_ROOT
+from contract.libraries import MODULE_NAME
 from pipeline.stages import STAGES
 from pipeline.worker import read_line, serve_child
 
 IDLE_S = 900.0  # an unused server exits after this (KILN_SERVER_IDLE_S)
 MAX_SERVERS = 4  # a user's servers at once: a compile starts no fifth
 VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
-_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _REPLY_TIMEOUT_S = 2.0
 # Note: a compile asks for its workers in a burst; the server imports what they learned only once
 # none has been asked for a while, so its imports neither delay a request nor share the cores with
@@ -210,7 +209,7 @@ class Server:
         and this one serves no more: what it left behind cannot be undone."""
         self.failed |= set(_words(self.denied))
         for name in dict.fromkeys(_words(self.learned)):
-            if name in sys.modules or name in self.failed or not _MODULE_NAME.fullmatch(name):
+            if name in sys.modules or name in self.failed or not MODULE_NAME.fullmatch(name):
                 continue
             try:
                 importlib.import_module(name)

@@ -77,10 +77,7 @@ class Spill:
         with _SpillMode(self):
             yield
 
-    def release(self, tensor: torch.Tensor) -> None:
-        self.released_all(tensor)
-
-    def released_all(self, values: Any) -> None:
+    def release(self, values: Any) -> None:
         """Hand back the pages of every mapped tensor among values (a pytree)."""
         addresses = {_address(t) for t in tree_leaves(values) if isinstance(t, torch.Tensor)}
         for address in addresses:
@@ -135,7 +132,7 @@ class _SpillMode(TorchFunctionMode):
         result = func(*args, **kwargs)
         if func in _MAKERS:
             result = self._spill.moved(result, (args, kwargs), copy=func not in _UNSET)
-        self._spill.released_all((args, kwargs, result))
+        self._spill.release((args, kwargs, result))
         return result
 
 

@@ -60,6 +60,20 @@ def _initializing(module: object) -> bool:
     return bool(getattr(spec, "_initializing", False))
 
 
+def random_state() -> bytes:
+    """torch's default random generator's state, where torch is imported (b"" where not)."""
+    torch = sys.modules.get("torch")
+    return b"" if torch is None else bytes(torch.default_generator.get_state().numpy().tobytes())
+
+
+def drew_random(before: bytes) -> bool:
+    """Whether torch's generator moved since `before` (random_state()): an import that drew from it.
+    Note: the model is built right after torch.manual_seed, and a library imported first (here, or
+    in the stage server) draws before the seed, where a worker that imports it in the factory
+    draws after: a warm worker would build other weights than a fresh one."""
+    return bool(before) and random_state() != before
+
+
 def append_names(path: Path, names: list[str]) -> None:
     """Append names, a line each, in one write (a reader takes whole lines only)."""
     if names:
@@ -104,8 +118,8 @@ def shared_while(path: str) -> Iterator[None]:
 
 def import_shared(path: Path, arrived: Callable[[], bool]) -> bool:
     """Import the modules listed in `path` as they are listed, until `arrived()` (the worker's
-    job came); False where an import failed (the caller then starts afresh: a failed import
-    can leave modules half made)."""
+    job came); False where an import failed or drew from torch's generator (the caller then
+    starts afresh: a failed import can leave modules half made, and see drew_random)."""
     done = 0
     while not arrived():
         names = _whole_lines(path)[done:]
@@ -115,11 +129,14 @@ def import_shared(path: Path, arrived: Callable[[], bool]) -> bool:
             done += 1
             if name in sys.modules or not MODULE_NAME.fullmatch(name):
                 continue
+            state = random_state()
             try:
                 __import__(name)  # codedeps: a library trace imported (site-packages, stdlib), never kiln's
+                why = "drew from torch's random generator" if drew_random(state) else ""
             except (Exception, SystemExit) as err:  # a library's import may raise anything
-                print(f"kiln worker: importing {name} ahead failed ({type(err).__name__}); "
-                      "starting afresh", file=sys.stderr)
+                why = f"failed ({type(err).__name__})"
+            if why:
+                print(f"kiln worker: importing {name} ahead {why}; starting afresh", file=sys.stderr)
                 return False
         if not names:
             time.sleep(POLL_S)

@@ -55,7 +55,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from contract.config import KILN_PACKAGES, PROJECT_ROOT
-from contract.libraries import MODULE_NAME
+from contract.libraries import MODULE_NAME, drew_random, random_state
 from pipeline.stages import STAGES
 from pipeline.worker import read_line, serve_child
 
@@ -205,15 +205,18 @@ class Server:
 
     def _learn(self) -> None:
         """Import the library modules workers had to import themselves, in the order they did.
-        One whose import fails, starts a thread or starts CUDA is denied to every later server,
+        One whose import fails, starts a thread, starts CUDA or draws from torch's generator
+        (contract/libraries.py: drew_random) is denied to every later server,
         and this one serves no more: what it left behind cannot be undone."""
         self.failed |= set(_words(self.denied))
         for name in dict.fromkeys(_words(self.learned)):
             if name in sys.modules or name in self.failed or not MODULE_NAME.fullmatch(name):
                 continue
+            state = random_state()
             try:
                 importlib.import_module(name)
                 why = "" if threading.active_count() == 1 and not forks_lose_cuda() else "a thread or CUDA"
+                why = why or ("a draw from torch's random generator" if drew_random(state) else "")
             except (Exception, SystemExit) as err:  # a library's import may raise anything
                 why = f"{type(err).__name__}"
             if why:

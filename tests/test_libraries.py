@@ -69,6 +69,22 @@ def test_listed_libraries_are_imported_until_the_job_comes_and_a_failure_says_so
     """, tmp_path)
 
 
+def test_a_library_that_draws_from_torchs_generator_at_import_is_not_imported_ahead(tmp_path: Path) -> None:
+    """Imported ahead, its draw comes before the model's seed where a fresh worker's comes after:
+    the warm worker would build other weights, so it starts afresh instead."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "quiet.py").write_text("import torch\n")
+    (tmp_path / "lib" / "draws.py").write_text("import torch\nNOISE = torch.rand(1)\n")
+    listed = tmp_path / "libraries"
+    listed.write_text("quiet\ndraws\n")
+    _run(f"""
+        import torch
+        from pathlib import Path
+        assert not libraries.import_shared(Path({str(listed)!r}), lambda: False)
+        assert "quiet" in sys.modules
+    """, tmp_path)
+
+
 def test_a_waiting_worker_imports_what_the_stage_before_it_listed(project: Path, cache: Cache) -> None:
     from contract.config import load_config
 

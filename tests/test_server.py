@@ -154,6 +154,28 @@ def test_a_learned_import_that_starts_cuda_is_never_imported_by_a_server_again(
     assert "kiln_test_starts_cuda" not in sys.modules
 
 
+def test_a_learned_import_that_draws_from_torchs_generator_is_denied(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork of the server would build the model from a generator the import moved before the seed
+    (contract/libraries.py: drew_random), where a fresh worker's import moves it after."""
+    import torch
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "kiln_test_draws.py").write_text("import torch\nNOISE = torch.rand(1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    monkeypatch.delitem(sys.modules, "kiln_test_draws", raising=False)
+    state = torch.random.get_rng_state()
+    try:
+        learner = server.Server("cpu", "a model", tmp_path)
+        learner.learned.write_text("json\nkiln_test_draws\n")
+        learner.learn()
+    finally:
+        torch.random.set_rng_state(state)
+        sys.modules.pop("kiln_test_draws", None)
+    assert learner.denied.read_text().split() == ["kiln_test_draws"]
+    assert "draw from torch's random generator" in learner.unusable
+
+
 def test_a_server_whose_forks_could_not_use_cuda_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 

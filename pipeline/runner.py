@@ -146,7 +146,7 @@ class Runner:
                     self.executor.prepare((stage, *self._still_to_come(stage)))
                     # Note: a stage that times code (autotune) has the machine to itself: a
                     # weights stage still running would skew measurements the cache then keeps.
-                    self._finish_beside(beside, rows, all_of_them=stage.measures)
+                    self._finish_beside(beside, rows, all_of_them=stage.measures_on(self.options.target))
                     begun = self._begin(stage)
                     if begun.launch is not None and self._beside_the_chain(stage):
                         rows.append(StageRow(stage.name, "running", beside=True))

@@ -42,7 +42,7 @@ class WorkerExecutor(InProcessExecutor):
 
     def launch(self, job: StageJob) -> Launch:
         self.start_ahead()
-        if self.upcoming and self.upcoming[0].measures:  # it times code: not beside the server's imports
+        if self.upcoming and self.upcoming[0].measures_on(job.target):  # not beside the server's imports
             server.wait_quiet(worker_env(), job.target, self.scope)
         self.ran = True
         warm = self.take_warm(job.stage)

@@ -250,12 +250,20 @@ def test_a_chain_that_fails_stops_the_stage_beside_it(
 def test_a_stage_that_measures_waits_for_the_stage_beside_the_chain(project: Path, cache: Cache) -> None:
     import dataclasses
 
-    stages = (*STAGES_WITH_ASIDE[:3], dataclasses.replace(STAGES_WITH_ASIDE[3], measures=True))
+    stages = (*STAGES_WITH_ASIDE[:3], dataclasses.replace(STAGES_WITH_ASIDE[3], measures=("cpu",)))
     options = BuildOptions("cpu", project / "build")
     result = compile_model(_fake_config(project, 2), options, cache, stages=stages)
     rows = {row.stage: row for row in result.rows}
     assert rows["aside"].beside
     assert rows["aside"].start + rows["aside"].seconds <= rows["third"].start  # third had the machine
+
+
+def test_autotune_waits_for_the_weights_only_where_it_times_the_hosts_cores() -> None:
+    from pipeline.stages import STAGES
+
+    autotune = next(stage for stage in STAGES if stage.name == "autotune")
+    assert autotune.measures_on("cpu")
+    assert not autotune.measures_on("cuda")  # the GPU's own timings (cuda/tune.py: seconds)
 
 
 def test_the_chrome_trace_puts_a_stage_beside_the_chain_on_a_track_of_its_own(project: Path,

@@ -557,4 +557,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Note: the autotune stage waits for this process's exit, and each tuning worker's exit is
+    # waited for here; tearing down a Python that imported torch and triton and made a CUDA
+    # context takes a second or more. Every result is written and closed by now (a worker's
+    # lines are flushed as each kernel ends, cubins as each is saved), so it ends at once.
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -36,10 +36,10 @@ def compile_config(config: ModelConfig, **kwargs: Any) -> Build:
     return _compile_config(config, **kwargs)
 
 
-def load(build_dir: Path | str, *, verify: bool = True) -> Any:
+def load(build_dir: Path | str, *, verify: bool = True, graphs: bool | None = None) -> Any:
     from kiln.loader import load as _load
 
-    return _load(build_dir, verify=verify)
+    return _load(build_dir, verify=verify, graphs=graphs)
 
 
 __all__ = ["KilnError", "ModelConfig", "compile", "compile_config", "load", "load_config"]

@@ -32,6 +32,7 @@ from pipeline.integrity import (
 ABI_VERSION = 2  # KILN_ABI_VERSION in runtime/kiln_model.h
 _BAD_ARGUMENT, _BAD_WEIGHTS = 1, 2
 _CREATE_NO_VERIFY = 1  # KILN_CREATE_NO_VERIFY
+_CREATE_NO_GRAPHS = 2  # KILN_CREATE_NO_GRAPHS
 
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
@@ -69,6 +70,9 @@ def _declare(lib: ctypes.CDLL) -> None:
             fn = getattr(lib, f"kiln_model_{side}_{what}")
             fn.argtypes, fn.restype = [model, size], restype
     lib.kiln_model_target.restype = ctypes.c_char_p
+    if hasattr(lib, "kiln_model_replay"):  # a model.so from before CUDA graphs has none
+        lib.kiln_model_replay.argtypes = [model]
+        lib.kiln_model_replay.restype = ctypes.c_char_p
     lib.aoti_torch_delete_tensor_object.argtypes = [ctypes.c_void_p]
 
 
@@ -119,7 +123,7 @@ def _load_copy(so: Path, data: bytes) -> ctypes.CDLL:
 class CompiledModel:
     """A model.so and its weights: call it with the model's inputs, get its outputs."""
 
-    def __init__(self, build_dir: Path, verify: bool = True) -> None:
+    def __init__(self, build_dir: Path, verify: bool = True, graphs: bool | None = None) -> None:
         import torch  # noqa: F401  (model.so needs libtorch loaded first)
 
         self.build_dir = build_dir
@@ -135,7 +139,7 @@ class CompiledModel:
             raise KilnError(f"{build_dir / MODEL_SO} has ABI version {version}; kiln loads {ABI_VERSION}",
                             "recompile the model with this version of kiln")
         handle = ctypes.c_void_p()
-        flags = 0 if verify else _CREATE_NO_VERIFY
+        flags = (0 if verify else _CREATE_NO_VERIFY) | (0 if graphs_wanted(graphs) else _CREATE_NO_GRAPHS)
         weights = str(build_dir / WEIGHTS).encode()
         status = self._lib.kiln_model_create_with(weights, flags, ctypes.byref(handle))
         if status != 0:
@@ -148,6 +152,14 @@ class CompiledModel:
         self.outputs = self._infos("output")
         self.target = self._lib.kiln_model_target().decode()
         self._out_spec = _out_spec(manifest.model.out_spec, len(self.outputs))
+
+    @property
+    def replay(self) -> str:
+        """How a run launches its work: "off: why", or "on: ..." with the model's CUDA graphs and
+        the calls that run directly (runtime/kiln_replay.h)."""
+        if not hasattr(self._lib, "kiln_model_replay"):
+            return "off: this model.so predates CUDA graphs (recompile it)"
+        return str(self._lib.kiln_model_replay(self._handle).decode())
 
     def _error(self) -> str:
         return str(self._lib.kiln_last_error().decode(errors="replace"))
@@ -229,12 +241,22 @@ def _unflatten(flat: list[Any], spec: Any) -> Any:
     return _pytree.tree_unflatten(flat, spec)
 
 
-def load(build_dir: Path | str, *, verify: bool = True) -> CompiledModel:
+def graphs_wanted(graphs: bool | None) -> bool:
+    """Whether a cuda model replays its runs as CUDA graphs: `graphs`, else KILN_CUDA_GRAPHS
+    ("0" turns them off), else yes."""
+    if graphs is not None:
+        return graphs
+    return os.environ.get("KILN_CUDA_GRAPHS", "1").strip() not in ("0", "false", "no", "off")
+
+
+def load(build_dir: Path | str, *, verify: bool = True, graphs: bool | None = None) -> CompiledModel:
     """The build in build_dir, checked against its model.json first: the sizes of model.so and
-    the weights always, their digests unless verify=False (see pipeline/integrity.py)."""
+    the weights always, their digests unless verify=False (see pipeline/integrity.py). A cuda
+    model's first run records its launches as CUDA graphs that later runs replay, unless
+    graphs=False (or KILN_CUDA_GRAPHS=0): see CompiledModel.replay."""
     path = Path(build_dir)
     if not (path / MODEL_SO).is_file():
         raise KilnError(f"{path} has no {MODEL_SO}", "compile the model first: kiln compile MODEL --out DIR")
     if not (path / WEIGHTS).is_file():
         raise KilnError(f"{path} has no {WEIGHTS}", "a build folder holds model.so and its weights file")
-    return CompiledModel(path, verify)
+    return CompiledModel(path, verify, graphs)

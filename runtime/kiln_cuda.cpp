@@ -21,6 +21,12 @@ using CUmodule = struct CUmod_st*;
 using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
 using CUdeviceptr = unsigned long long;  // NOLINT(runtime/int): the driver's own type
+using CUevent = struct CUevent_st*;
+using CUgraph = struct CUgraph_st*;
+using CUgraphExec = struct CUgraphExec_st*;
+constexpr unsigned kStreamNonBlocking = 1;      // CU_STREAM_NON_BLOCKING
+constexpr unsigned kEventDisableTiming = 2;     // CU_EVENT_DISABLE_TIMING
+constexpr int kCaptureModeThreadLocal = 1;      // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 constexpr int kMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr unsigned kDefaultSharedLimit = 48 * 1024;
 
@@ -39,6 +45,20 @@ struct Driver {
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*cuStreamSynchronize)(CUstream) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
+  // CUDA graphs (kiln_replay.cpp)
+  CUresult (*cuStreamCreate)(CUstream*, unsigned) = nullptr;
+  CUresult (*cuStreamDestroy)(CUstream) = nullptr;
+  CUresult (*cuEventCreate)(CUevent*, unsigned) = nullptr;
+  CUresult (*cuEventDestroy)(CUevent) = nullptr;
+  CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
+  CUresult (*cuStreamBeginCapture)(CUstream, int) = nullptr;
+  CUresult (*cuStreamEndCapture)(CUstream, CUgraph*) = nullptr;
+  CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long) = nullptr;  // NOLINT
+  CUresult (*cuGraphLaunch)(CUgraphExec, CUstream) = nullptr;
+  CUresult (*cuGraphExecDestroy)(CUgraphExec) = nullptr;
+  CUresult (*cuGraphDestroy)(CUgraph) = nullptr;
+  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
 };
 
 // Note: looked up by the names cuda.h's macros expand to (cuMemcpyDtoHAsync_v2, ...): the bare
@@ -69,6 +89,19 @@ const Driver& driver() {
     resolve(lib, d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     resolve(lib, d.cuStreamSynchronize, "cuStreamSynchronize");
     resolve(lib, d.cuGetErrorString, "cuGetErrorString");
+    resolve(lib, d.cuStreamCreate, "cuStreamCreate");
+    resolve(lib, d.cuStreamDestroy, "cuStreamDestroy_v2");
+    resolve(lib, d.cuEventCreate, "cuEventCreate");
+    resolve(lib, d.cuEventDestroy, "cuEventDestroy_v2");
+    resolve(lib, d.cuEventRecord, "cuEventRecord");
+    resolve(lib, d.cuStreamWaitEvent, "cuStreamWaitEvent");
+    resolve(lib, d.cuStreamBeginCapture, "cuStreamBeginCapture_v2");
+    resolve(lib, d.cuStreamEndCapture, "cuStreamEndCapture");
+    resolve(lib, d.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags");
+    resolve(lib, d.cuGraphLaunch, "cuGraphLaunch");
+    resolve(lib, d.cuGraphExecDestroy, "cuGraphExecDestroy");
+    resolve(lib, d.cuGraphDestroy, "cuGraphDestroy");
+    resolve(lib, d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     return d;
   }();
   return loaded;
@@ -89,6 +122,10 @@ struct Device {
   CUstream stream = nullptr;
   CUcontext context = nullptr;  // device 0's primary context, the one torch uses
   std::string broken;  // set by an error that leaves the CUDA context unusable
+  // CUDA graphs: the stream they are captured on (the model's own) and their instances
+  CUstream capture_stream = nullptr;
+  CUevent joined = nullptr;  // orders one stream behind another's work so far
+  std::vector<CUgraphExec> graphs;
 };
 
 namespace {
@@ -146,7 +183,11 @@ Device* open(const Program& program) {
 
 void close(Device* device) {
   if (device == nullptr) return;
-  for (CUmodule m : device->modules) driver().cuModuleUnload(m);
+  const Driver& d = driver();
+  for (CUgraphExec g : device->graphs) d.cuGraphExecDestroy(g);
+  if (device->joined != nullptr) d.cuEventDestroy(device->joined);
+  if (device->capture_stream != nullptr) d.cuStreamDestroy(device->capture_stream);
+  for (CUmodule m : device->modules) d.cuModuleUnload(m);
   delete device;
 }
 
@@ -183,6 +224,64 @@ void copy_to_host(Device& device, void* host, const void* src, size_t bytes) {
 }
 
 void check_usable(Device& device) { usable(device); }
+
+void copy_on_device(Device& device, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  check_on(device, driver().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src),
+                                              bytes, device.stream),
+           "copying a model's input or output on the GPU");
+}
+
+// -- CUDA graphs -----------------------------------------------------------------------------
+
+void* capture_stream(Device& device) {
+  const Driver& d = driver();
+  if (device.capture_stream == nullptr)
+    check_on(device, d.cuStreamCreate(&device.capture_stream, kStreamNonBlocking), "creating the model's capture stream");
+  if (device.joined == nullptr)
+    check_on(device, d.cuEventCreate(&device.joined, kEventDisableTiming), "creating a CUDA event");
+  return device.capture_stream;
+}
+
+void wait_for(Device& device, void* waiting, void* on) {
+  const Driver& d = driver();
+  check_on(device, d.cuEventRecord(device.joined, static_cast<CUstream>(on)), "recording a CUDA event");
+  check_on(device, d.cuStreamWaitEvent(static_cast<CUstream>(waiting), device.joined, 0),
+           "ordering the capture stream with the caller's");
+}
+
+void begin_capture(Device& device) {
+  usable(device);
+  check_on(device, driver().cuStreamBeginCapture(device.stream, kCaptureModeThreadLocal), "beginning a CUDA graph capture");
+}
+
+size_t end_capture(Device& device) {
+  const Driver& d = driver();
+  CUgraph graph = nullptr;
+  check_on(device, d.cuStreamEndCapture(device.stream, &graph), "ending a CUDA graph capture");
+  CUgraphExec exec = nullptr;
+  CUresult made = d.cuGraphInstantiateWithFlags(&exec, graph, 0);
+  d.cuGraphDestroy(graph);  // the instance is independent of it
+  check_on(device, made, "instantiating a CUDA graph");
+  device.graphs.push_back(exec);
+  return device.graphs.size() - 1;
+}
+
+void abandon_capture(Device& device) {
+  CUgraph graph = nullptr;
+  if (driver().cuStreamEndCapture(device.stream, &graph) == 0 && graph != nullptr) driver().cuGraphDestroy(graph);
+}
+
+void launch_graph(Device& device, size_t index) {
+  usable(device);
+  check_on(device, driver().cuGraphLaunch(device.graphs.at(index), device.stream), "replaying a CUDA graph");
+}
+
+void drop_graphs(Device& device) {
+  driver().cuStreamSynchronize(device.stream);  // a graph launched on it may still run
+  for (CUgraphExec g : device.graphs) driver().cuGraphExecDestroy(g);
+  device.graphs.clear();
+}
 
 // Note: torch's CUDA shim lives in libtorch_cuda.so, which Python loads as a dependency of
 // torch._C with RTLD_LOCAL: its symbols are not in the global scope dlsym(RTLD_DEFAULT) searches

@@ -36,6 +36,26 @@ void check_usable(Device& device);
 // Copies `bytes` from device memory to the host on the device's stream and waits for them.
 void copy_to_host(Device& device, void* host, const void* src, size_t bytes);
 
+// Copies `bytes` between two places of device memory on the device's stream.
+void copy_on_device(Device& device, void* dst, const void* src, size_t bytes);
+
+// CUDA graphs (kiln_replay.cpp). Capture happens on a stream of the model's own (made on first
+// use); each ended capture is instantiated and kept by its index until the model is closed.
+void* capture_stream(Device& device);
+// Makes stream `waiting` wait for the work queued on stream `on` so far.
+void wait_for(Device& device, void* waiting, void* on);
+// Begins capturing the device's current stream (set_stream), thread-locally: an unsafe CUDA call
+// of this thread (a cudaMalloc) fails the capture instead of being recorded.
+void begin_capture(Device& device);
+// Ends the capture, instantiates it and returns its index.
+size_t end_capture(Device& device);
+// Ends a capture that failed, keeping nothing; never throws.
+void abandon_capture(Device& device);
+// Launches graph `index` on the device's current stream.
+void launch_graph(Device& device, size_t index);
+// Waits for the device's current stream, then destroys every graph.
+void drop_graphs(Device& device);
+
 // torch's CUDA stream guard, so aten work (externs, copies) runs on the model's stream.
 struct StreamGuard {
   StreamGuard(void* stream, int32_t device_index);

@@ -47,6 +47,9 @@ namespace kiln {
 // `Scalar` (NumberType) and Generator (before 2.13) have no conversion: the dispatcher fails.
 using StableValue = uint64_t;
 
+// kiln_replay.h: an aten op allocates its results, so it runs directly, never in a CUDA graph.
+bool replayed(bool capturable, const char* what);
+
 namespace detail {
 
 template <typename T>
@@ -140,6 +143,7 @@ class FallbackCall {
     if (ran_) fail("run() twice");
     if (!list_starts_.empty()) fail("a list was begun and never ended");
     ran_ = true;
+    replayed(false, what_);
     std::vector<StableValue> stack(std::max(values_.size(), returns.size()), 0);
     std::copy(values_.begin(), values_.end(), stack.begin());
     owned_.reserve(std::max(owned_.size(), returns.size()));  // so taking the returns cannot throw

@@ -64,6 +64,10 @@ int kiln_model_create(const char* weights_path, KilnModel** model);
 /* kiln_model_create with flags: KILN_CREATE_NO_VERIFY skips the digest check (the file is still
  * parsed, bounds-checked and matched against the model by name, dtype and shape). */
 #define KILN_CREATE_NO_VERIFY 1u
+/* KILN_CREATE_NO_GRAPHS: a cuda model launches every kernel from the host at every run. Without
+ * it, its first run records its launches as CUDA graphs and later runs replay them (the calls
+ * that allocate GPU memory through torch still run directly): kiln_model_replay says how. */
+#define KILN_CREATE_NO_GRAPHS 2u
 int kiln_model_create_with(const char* weights_path, unsigned flags, KilnModel** model);
 void kiln_model_destroy(KilnModel* model);
 
@@ -100,6 +104,11 @@ const int64_t* kiln_model_output_strides(const KilnModel* model, size_t index);
 
 /* The target the model was compiled for: "cpu" or "cuda". */
 const char* kiln_model_target(void);
+
+/* How the model's runs launch their work: "off: <why>" (a cpu model, KILN_CREATE_NO_GRAPHS,
+ * control flow, a capture that failed), or "on: ..." with its CUDA graphs and the calls that run
+ * directly. Valid until the model's next call. */
+const char* kiln_model_replay(const KilnModel* model);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
 // into every model.so; it reads the tables the generated wrapper defines (kiln::program).
 #include "kiln_runtime.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,7 @@
 
 #include "kiln_cpu.h"
 #include "kiln_cuda.h"
+#include "kiln_replay.h"
 #include "kiln_safetensors.h"
 #include "kiln_verify.h"
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
@@ -142,6 +144,7 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
 bool truthy(const void* p, DType d) {
   uint64_t host = 0;  // on the GPU: the predicate's one element, copied once per decision
   if (on_gpu()) {
+    replayed(false, "a control-flow predicate");
     cuda::copy_to_host(*running_device, &host, p, info(d).itemsize);
     p = &host;
   }
@@ -180,24 +183,51 @@ Tensor view(void* data, DType dtype, std::initializer_list<int64_t> sizes,
 #define gpu_fn(fn) \
   ([] { static const auto found = reinterpret_cast<decltype(&fn)>(cuda::shim_function(#fn)); return found; }())
 
+// Whether cuBLAS takes a matrix (or a batch of them) as it is laid out: torch makes a contiguous
+// copy of one it does not, an allocation no CUDA graph may capture (kiln_replay.h).
+bool blas_ready(const Tensor& t) {
+  int64_t ndim = 0;
+  int64_t* sizes = nullptr;
+  int64_t* strides = nullptr;
+  check(aoti_torch_get_dim(t.get(), &ndim), "reading a tensor's rank");
+  check(aoti_torch_get_sizes(t.get(), &sizes), "reading a tensor's sizes");
+  check(aoti_torch_get_strides(t.get(), &strides), "reading a tensor's strides");
+  if (ndim != 2 && ndim != 3) return false;
+  const int64_t r = ndim - 2, c = ndim - 1;
+  bool rows = strides[c] == 1 && strides[r] >= std::max<int64_t>(1, sizes[c]);
+  bool columns = strides[r] == 1 && strides[c] >= std::max<int64_t>(1, sizes[r]);
+  bool batches = ndim == 2 || sizes[0] == 1 || strides[0] >= sizes[r] * sizes[c];
+  return (rows || columns) && batches;
+}
+
+bool blas_ready(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors)
+    if (!blas_ready(*t)) return false;
+  return true;
+}
+
 void mm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
+  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "mm")) return;
   if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_mm_out)(out.get(), a.get(), b.get()), what);
   check(aoti_torch_cpu_mm_out(out.get(), a.get(), b.get()), what);
 }
 
 void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
+  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "bmm")) return;
   if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_bmm_out)(out.get(), a.get(), b.get()), what);
   check(aoti_torch_cpu_bmm_out(out.get(), a.get(), b.get()), what);
 }
 
 void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta, double alpha,
                   const char* what) {
+  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "addmm")) return;
   if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_addmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
   check(aoti_torch_cpu_addmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
 }
 
 void baddbmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta,
                     double alpha, const char* what) {
+  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "baddbmm")) return;
   if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_baddbmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
   check(aoti_torch_cpu_baddbmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
 }
@@ -211,6 +241,7 @@ void convolution(const Tensor& out, const Tensor& x, const Tensor& w, const Tens
                         std::initializer_list<int64_t> stride, std::initializer_list<int64_t> padding,
                         std::initializer_list<int64_t> dilation, bool transposed,
                         std::initializer_list<int64_t> output_padding, int64_t groups, const char* what) {
+  if (on_gpu()) replayed(false, "convolution");
   AtenTensorHandle b = bias != nullptr ? bias->get() : nullptr;
   AtenTensorHandle ret = nullptr;
   auto conv = on_gpu() ? gpu_fn(aoti_torch_cuda_convolution) : aoti_torch_cpu_convolution;
@@ -291,6 +322,7 @@ Tensor attention_bias(const Tensor& mask, const Tensor& q, const Tensor& k, cons
 
 void attention_on_gpu(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask,
                       double dropout_p, bool is_causal, const double* scale, const char* what) {
+  replayed(false, "attention");
   Tensor bias;
   if (mask != nullptr) bias = attention_bias(*mask, q, k, what);
   AtenTensorHandle m = mask != nullptr ? bias.get() : nullptr;
@@ -338,9 +370,12 @@ struct Context {
   std::vector<Tensor> gpu_blocks;  // weights, arenas, scratch and input staging on the GPU
   std::vector<char*> gpu_staging;  // per input, or null until needed
   std::vector<void*> write_blocks;  // per program.writes entry: where the main graph leaves its value
+  Replay replay;  // cuda: the model's launches as CUDA graphs (kiln_replay.h)
+  std::vector<char*> graph_outputs;  // per output: where the graphs write it (made on the first run)
 };
 
 void launch(Context& ctx, size_t kernel, unsigned grid, void** args, size_t num_args) {
+  if (replayed(true, "kernel")) return;
   cuda::launch(*ctx.gpu, kernel, grid, args, num_args);
 }
 
@@ -387,6 +422,7 @@ DType same_size_dtype(size_t itemsize) {
 // stream); they only restride control-flow operands and odd inputs.
 void copy_on_gpu(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
                  const int64_t* sizes, int ndim, size_t itemsize) {
+  if (replayed(true, "copy")) return;  // aten's copy_ of one GPU view into another allocates nothing
   AtenTensorHandle d = nullptr, s = nullptr;
   int32_t dtype = aoti_dtype(same_size_dtype(itemsize));
   int32_t cuda_type = aoti_torch_device_type_cuda();
@@ -559,6 +595,23 @@ void* input_data(Context& ctx, size_t i, AtenTensorHandle h) {
   return staging;
 }
 
+// Note: a CUDA graph holds the addresses it was captured with, so with replay on (kiln_replay.h)
+// the graphs read inputs from, and write outputs to, buffers of the model's own, which the
+// caller's tensors are copied into and out of on the run's stream (a contiguous copy each).
+void* graph_input(Context& ctx, size_t i, AtenTensorHandle h) {
+  const TensorSpec& spec = program.inputs[i];
+  void* data = input_data(ctx, i, h);  // the caller's, or its restrided copy in the staging buffer
+  if (ctx.gpu_staging[i] == nullptr) ctx.gpu_staging[i] = gpu_alloc(ctx, &spec, 0);
+  if (data != ctx.gpu_staging[i]) cuda::copy_on_device(*ctx.gpu, ctx.gpu_staging[i], data, nbytes(spec));
+  return ctx.gpu_staging[i];
+}
+
+void* graph_output(Context& ctx, size_t i) {
+  if (ctx.graph_outputs.empty()) ctx.graph_outputs.resize(program.num_outputs, nullptr);
+  if (ctx.graph_outputs[i] == nullptr) ctx.graph_outputs[i] = gpu_alloc(ctx, &program.outputs[i], 0);
+  return ctx.graph_outputs[i];
+}
+
 Tensor new_output(const TensorSpec& spec) {
   AtenTensorHandle h = nullptr;
   check(aoti_torch_empty_strided(spec.ndim, spec.sizes, spec.strides, aoti_dtype(spec.dtype), device_type(), 0, &h),
@@ -602,20 +655,29 @@ void run_graphs(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs,
   if (num_inputs > 0 && inputs == nullptr) throw Error(KILN_BAD_ARGUMENT, "inputs is NULL");
   if (num_outputs > 0 && outputs == nullptr) throw Error(KILN_BAD_ARGUMENT, "outputs is NULL");
   std::lock_guard<std::mutex> lock(ctx.running);
+  const bool graphs = on_gpu() && ctx.replay.on();
   std::vector<void*> args(program.num_inputs + program.num_weights);
-  for (size_t i = 0; i < num_inputs; ++i) args[i] = input_data(ctx, i, inputs[i]);
+  for (size_t i = 0; i < num_inputs; ++i) args[i] = graphs ? graph_input(ctx, i, inputs[i]) : input_data(ctx, i, inputs[i]);
   for (size_t i = 0; i < program.num_weights; ++i) args[num_inputs + i] = ctx.weights[i];
   std::vector<Tensor> fresh(num_outputs);
   std::vector<void*> results(num_outputs + program.num_writes);
+  std::vector<void*> callers(num_outputs);  // the caller's outputs' data
   for (size_t j = 0; j < program.num_writes; ++j) results[num_outputs + j] = ctx.write_blocks[j];
   for (size_t i = 0; i < num_outputs; ++i) {
     const int64_t* strides = nullptr;
     std::string role = "output " + std::to_string(i);
     if (outputs[i] == nullptr) fresh[i] = new_output(program.outputs[i]);
     AtenTensorHandle h = outputs[i] != nullptr ? outputs[i] : fresh[i].get();
-    results[i] = checked_data(h, program.outputs[i], role, false, &strides);
+    callers[i] = checked_data(h, program.outputs[i], role, false, &strides);
+    results[i] = graphs ? graph_output(ctx, i) : callers[i];
   }
-  program.main(ctx, args.data(), results.data());
+  if (graphs) {
+    ctx.replay.run(*ctx.gpu, [&] { program.main(ctx, args.data(), results.data()); });
+    for (size_t i = 0; i < num_outputs; ++i)
+      cuda::copy_on_device(*ctx.gpu, callers[i], results[i], nbytes(program.outputs[i]));
+  } else {
+    program.main(ctx, args.data(), results.data());
+  }
   write_back(ctx, inputs);
   for (size_t i = 0; i < num_outputs; ++i)
     if (outputs[i] == nullptr) outputs[i] = fresh[i].release();
@@ -640,6 +702,15 @@ void write_back(Context& ctx, const AtenTensorHandle* inputs) {
     Tensor value(h);
     check(aoti_torch_copy_(inputs[w.target], value.get(), 0), "writing a mutated input back");
   }
+}
+
+void configure_replay(Context& ctx, unsigned flags) {
+  if (!on_gpu())
+    ctx.replay.turn_off("a cpu model");
+  else if ((flags & KILN_CREATE_NO_GRAPHS) != 0)
+    ctx.replay.turn_off("KILN_CREATE_NO_GRAPHS");
+  else if (program.num_arenas > 1)
+    ctx.replay.turn_off("the model's control flow (cond, while_loop) decides on the host");
 }
 
 std::string& last_error() {
@@ -701,6 +772,7 @@ int kiln_model_create_with(const char* weights_path, unsigned flags, KilnModel**
     if (kiln::on_gpu()) made->ctx.gpu.reset(kiln::cuda::open(kiln::program));  // the driver first: its error is clearest
     kiln::bind_weights(made->ctx, weights_path, (flags & KILN_CREATE_NO_VERIFY) == 0);
     kiln::allocate_memory(made->ctx);
+    kiln::configure_replay(made->ctx, flags);
     *model = made.release();
   });
 }
@@ -768,5 +840,9 @@ const int64_t* kiln_model_output_strides(const KilnModel*, size_t i) {
 }
 
 const char* kiln_model_target(void) { return kiln::program.target; }
+
+const char* kiln_model_replay(const KilnModel* model) {
+  return model == nullptr ? "" : model->ctx.replay.describe().c_str();
+}
 
 }  // extern "C"

@@ -28,7 +28,7 @@ from tasks.codegen.cpp_build import RUNTIME, compiler, run_compiler, torch_inclu
 
 STAGE = "link"  # the stage whose item namespace holds the runtime
 WHAT = "runtime"  # what pipeline/prebuild.py says it built ahead
-UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp")
+UNITS = ("kiln_runtime.cpp", "kiln_cuda.cpp", "kiln_replay.cpp")
 BOXED_UNIT = "kiln_boxed.cpp"  # kiln's boxed call, against ATen: only for models that call it
 # Note: ATen's headers want C++20 (torch 2.13's use default member initializers on bit-fields).
 BOXED_FLAGS = ("-std=c++20", *(f for f in RUNTIME_FLAGS if not f.startswith("-std=")))

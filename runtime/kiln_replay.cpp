@@ -1,0 +1,149 @@
+// kiln_replay.cpp: recording and replaying a cuda model's launches as CUDA graphs (kiln_replay.h).
+#include "kiln_replay.h"
+
+#include <exception>
+#include <string>
+
+namespace kiln {
+
+[[noreturn]] void fail(const std::string& message);  // kiln_runtime.cpp: throws kiln::Error
+
+namespace {
+
+thread_local Replay* active = nullptr;  // the replay of the run on this thread
+
+// Sets the replay of this thread's run for a scope.
+struct Active {
+  explicit Active(Replay* replay) : before(active) { active = replay; }
+  ~Active() { active = before; }
+  Active(const Active&) = delete;
+  Active& operator=(const Active&) = delete;
+  Replay* before;
+};
+
+// The device's current stream, and torch's, set to `stream` for a scope.
+struct OnStream {
+  OnStream(cuda::Device& device, void* stream) : device(device), before(cuda::stream(device)), guard(stream, 0) {
+    cuda::set_stream(device, stream);
+  }
+  ~OnStream() { cuda::set_stream(device, before); }
+  OnStream(const OnStream&) = delete;
+  OnStream& operator=(const OnStream&) = delete;
+  cuda::Device& device;
+  void* before;
+  cuda::StreamGuard guard;
+};
+
+}  // namespace
+
+bool replayed(bool capturable, const char* what) { return active != nullptr && active->replayed(capturable, what); }
+
+void Replay::turn_off(const std::string& why) {
+  why_off_ = why.empty() ? "off" : why;
+  description_.clear();
+}
+
+void Replay::run(cuda::Device& device, const std::function<void()>& main) {
+  if (!on()) return main();
+  device_ = &device;
+  Active scope(this);
+  if (recorded_) {
+    mode_ = Mode::kReplay;
+    cursor_ = 0;
+    main();
+    if (cursor_ != calls_.size()) fail("the model made fewer GPU calls than its CUDA graphs hold");
+    return;
+  }
+  record(device, main);
+}
+
+// Note: the first run records. The caller's stream may be the legacy default stream, which
+// cannot be captured, so the capture runs on a stream of the model's own, ordered behind the
+// caller's work and the caller's behind it. A direct run on that stream comes first: it makes
+// the stream's cuBLAS workspace and loads every kernel's module, which a capture cannot do.
+void Replay::record(cuda::Device& device, const std::function<void()>& main) {
+  void* caller = cuda::stream(device);
+  void* own = cuda::capture_stream(device);
+  cuda::wait_for(device, own, caller);
+  {
+    OnStream on_own(device, own);
+    mode_ = Mode::kDirect;
+    main();  // a failure here is the run's own: it propagates, and the next run records again
+    mode_ = Mode::kRecord;
+    try {
+      main();
+      close_segment();
+      recorded_ = true;
+    } catch (const std::exception& e) {
+      if (capturing_) cuda::abandon_capture(device);
+      forget();
+      turn_off(std::string("a capture failed (") + e.what() + "); the model runs its calls directly");
+    }
+  }
+  cuda::wait_for(device, caller, own);
+  if (!recorded_) {
+    Active none(nullptr);
+    main();  // this run's results, from direct calls
+  }
+}
+
+bool Replay::replayed(bool capturable, const char* what) {
+  if (mode_ == Mode::kDirect) return false;
+  if (mode_ == Mode::kRecord) {
+    if (!capturable) {
+      close_segment();
+      calls_.push_back(Call{-1, false});
+      ++direct_[what];
+      return false;
+    }
+    if (!capturing_) cuda::begin_capture(*device_);
+    calls_.push_back(Call{static_cast<long>(graphs_), !capturing_});
+    capturing_ = true;
+    return false;
+  }
+  if (cursor_ >= calls_.size()) fail("the model made more GPU calls than its CUDA graphs hold");
+  const Call call = calls_[cursor_++];
+  if ((call.segment >= 0) != capturable)
+    fail(std::string("the model's GPU calls differ from those its CUDA graphs hold (at ") + what + ")");
+  if (call.first) cuda::launch_graph(*device_, static_cast<size_t>(call.segment));
+  return call.segment >= 0;
+}
+
+// Ends the open capture, if any, and launches its graph: the recording run's results need it.
+void Replay::close_segment() {
+  if (!capturing_) return;
+  capturing_ = false;
+  size_t index = cuda::end_capture(*device_);
+  ++graphs_;
+  cuda::launch_graph(*device_, index);
+}
+
+void Replay::forget() {
+  capturing_ = false;
+  calls_.clear();
+  direct_.clear();
+  graphs_ = 0;
+  cuda::drop_graphs(*device_);
+}
+
+const std::string& Replay::describe() const {
+  if (!on()) {
+    description_ = "off: " + why_off_;
+    return description_;
+  }
+  if (!recorded_) {
+    description_ = "on: the first run records its CUDA graphs";
+    return description_;
+  }
+  size_t captured = 0;
+  for (const Call& c : calls_) captured += c.segment >= 0 ? 1 : 0;
+  description_ = "on: " + std::to_string(graphs_) + " CUDA graph" + (graphs_ == 1 ? "" : "s") + " of " +
+                 std::to_string(captured) + " calls; inputs and outputs copied to and from the model's own buffers";
+  if (!direct_.empty()) {
+    description_ += "; run directly (they allocate):";
+    for (const auto& [what, n] : direct_) description_ += " " + what + " x" + std::to_string(n);
+  }
+  return description_;
+}
+
+}  // namespace kiln

@@ -1,0 +1,72 @@
+// kiln_replay.h: a cuda model's launches replayed as CUDA graphs (internal to the runtime).
+//
+// The wrapper's main graph is the same code in every mode; each GPU call it makes (a kernel, an
+// extern, a copy, a fallback op) first asks `replayed(capturable, what)`:
+//   - direct (replay off, or the warm-up before a capture): every call runs;
+//   - record (the first run): the calls that may be captured run inside a stream capture, each
+//     run of them a segment; a call that may not (it allocates through torch's caching
+//     allocator, or reads the GPU on the host) ends the segment, whose graph is instantiated and
+//     launched at once, and runs itself; so the recording run computes its results too;
+//   - replay (every later run): the first call of each segment launches its graph, the others
+//     of the segment are skipped, and the calls that run directly run as before.
+//
+// Note: a call may be captured only if it allocates nothing: memory torch's caching allocator
+// hands out during a capture goes back to its pool when the call frees it, while the graph
+// keeps writing it at every replay, over whatever torch gave it to next (torch.cuda.graph uses
+// a private pool for this, which the stable C shim does not reach). kiln's own kernels, and
+// cuBLAS matmuls whose operands cuBLAS takes as they are (no contiguous() copy), allocate
+// nothing once a run on the capture stream has made the stream's cuBLAS workspace.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln_cuda.h"
+
+namespace kiln {
+
+class Replay {
+ public:
+  // Replay is off for good, and says why ("KILN_CREATE_NO_GRAPHS", "control flow ...").
+  void turn_off(const std::string& why);
+  bool on() const { return why_off_.empty(); }
+  // Runs `main` on the device's current stream as the state says (see above): the first run
+  // records, later runs replay; a capture that fails turns replay off, and the run goes on
+  // directly.
+  void run(cuda::Device& device, const std::function<void()>& main);
+  // What kiln_model_replay says.
+  const std::string& describe() const;
+
+  // The call the wrapper is about to make: true where its work is in a graph (skip it).
+  bool replayed(bool capturable, const char* what);
+
+ private:
+  enum class Mode { kDirect, kRecord, kReplay };
+  struct Call {
+    long segment;  // the graph it is captured in; -1: it runs directly
+    bool first;    // the first call of its segment: it launches the graph
+  };
+  void record(cuda::Device& device, const std::function<void()>& main);
+  void close_segment();
+  void forget();
+
+  std::string why_off_;
+  mutable std::string description_;
+  Mode mode_ = Mode::kDirect;
+  cuda::Device* device_ = nullptr;  // during a run
+  bool recorded_ = false;
+  bool capturing_ = false;
+  std::vector<Call> calls_;
+  size_t cursor_ = 0;
+  size_t graphs_ = 0;
+  std::map<std::string, size_t> direct_;  // calls that run directly, by what they are
+};
+
+// The wrapper's question (see Replay::replayed) for the run on this thread: false where there
+// is none (a cpu model, or replay off).
+bool replayed(bool capturable, const char* what);
+
+}  // namespace kiln

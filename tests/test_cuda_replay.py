@@ -1,0 +1,105 @@
+"""A cuda model's runs replayed as CUDA graphs (runtime/kiln_replay.h; gpu marker, needs CUDA):
+the same results as direct launches, outputs the caller keeps, inputs anywhere, a caller's
+stream, and replay off where it must be."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contract.config import load_config
+from pipeline.build import Cache, compile_model
+from pipeline.runner import BuildOptions
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("cuda-replay")
+    cache = Cache.open(root / "cache")
+    import importlib.util
+
+    for name in ("mlp", "bert", "cond"):
+        if name != "bert" or importlib.util.find_spec("transformers") is not None:
+            compile_model(load_config(name), BuildOptions("cuda", root / name), cache)
+    yield root
+    cache.records.close()
+
+
+def _inputs(name: str, seed: int) -> tuple[Any, ...]:
+    from kiln.run_model import random_inputs
+
+    return tuple(v.cuda() for v in random_inputs(load_config(name), seed))
+
+
+def _same(got: object, want: object) -> None:
+    import torch
+
+    from kiln.run_model import flat_tensors
+
+    for a, b in zip(flat_tensors(got), flat_tensors(want), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["mlp", "bert"])
+def test_replayed_runs_give_the_results_of_direct_launches_bit_for_bit(name: str, builds: Path) -> None:
+    from kiln.loader import load
+
+    if not (builds / name).is_dir():
+        pytest.skip(f"{name} needs transformers")
+    direct, replayed = load(builds / name, graphs=False), load(builds / name, graphs=True)
+    assert direct.replay == "off: KILN_CREATE_NO_GRAPHS"
+    assert replayed.replay.startswith("on: the first run records")
+    for seed in (1, 2, 3):  # the first run records, the others replay
+        inputs = _inputs(name, seed)
+        _same(replayed(*inputs), direct(*inputs))
+    assert replayed.replay.startswith("on: "), replayed.replay
+    assert "CUDA graph" in replayed.replay
+    if name == "bert":  # torch's attention allocates its result: it runs between two graphs
+        assert "attention x" in replayed.replay
+
+
+def test_outputs_of_two_runs_held_at_once_are_both_right(builds: Path) -> None:
+    from kiln.loader import load
+
+    direct, replayed = load(builds / "mlp", graphs=False), load(builds / "mlp", graphs=True)
+    replayed(*_inputs("mlp", 0))  # records
+    first, second = _inputs("mlp", 1), _inputs("mlp", 2)
+    kept_first = replayed(*first)
+    kept_second = replayed(*second)
+    _same(kept_first, direct(*first))
+    _same(kept_second, direct(*second))
+
+
+def test_inputs_at_new_addresses_and_a_callers_stream(builds: Path) -> None:
+    import torch
+
+    from kiln.loader import load
+
+    direct, replayed = load(builds / "mlp", graphs=False), load(builds / "mlp", graphs=True)
+    (x,) = _inputs("mlp", 4)
+    replayed(x.clone())
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    for scale in (1.0, -2.0, 0.5):
+        moved = (x * scale).clone()  # a new tensor each time
+        with torch.cuda.stream(stream):
+            got = replayed(moved)
+        stream.synchronize()
+        _same(got, direct(moved))
+    wide = torch.empty(x.shape[0], x.shape[1] * 2, device="cuda", dtype=x.dtype)[:, ::2]
+    wide.copy_(x)  # other strides: staged, then replayed
+    _same(replayed(wide), direct(x))
+
+
+def test_replay_is_off_for_control_flow_and_when_asked(builds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.loader import load
+
+    cond = load(builds / "cond", graphs=True)
+    assert cond.replay.startswith("off: the model's control flow")
+    cond(*_inputs("cond", 0))
+    monkeypatch.setenv("KILN_CUDA_GRAPHS", "0")
+    assert load(builds / "mlp").replay == "off: KILN_CREATE_NO_GRAPHS"

@@ -1,0 +1,114 @@
+"""CUDA graph replay, measured (not a timed test; needs a GPU):
+`python3 bench/cuda_replay.py [MODEL ...] [--runs N] [--no-torch]`.
+
+For each model (default: mlp bert gpt2 resnet18), compiled once for cuda (a cache of the run's
+own), in one process: the latency of kiln's model.so with direct launches (graphs=False) and
+with its runs replayed as CUDA graphs (the default), and of torch.compile in mode
+"reduce-overhead" (CUDA graphs too) and the default mode, on the same module (the kiln build's
+weights) and inputs. Each latency is the median of --runs calls, each timed with CUDA events
+from an idle GPU, so the host's launch time shows; the error is the largest abs difference
+from eager. Prints a table and what kiln's replay did (CompiledModel.replay).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_MODELS = ("mlp", "bert", "gpt2", "resnet18")
+
+
+def median_ms(call: Callable[[], Any], runs: int, warmup: int = 5) -> float:
+    import torch
+
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(statistics.median(times))
+
+
+def max_error(got: Any, want: Any) -> float:
+    from kiln.run_model import flat_tensors
+
+    return max((float((a.float() - b.float()).abs().max()) for a, b in
+                zip(flat_tensors(got), flat_tensors(want), strict=True)), default=0.0)
+
+
+def bench_model(name: str, root: Path, runs: int, with_torch: bool) -> dict[str, Any]:
+    import torch
+
+    from contract.config import load_config
+    from kiln.loader import load
+    from kiln.run_model import eager_model, random_inputs
+    from pipeline.build import Cache, compile_model
+    from pipeline.runner import BuildOptions
+
+    config = load_config(name)
+    out = root / name
+    cache = Cache.open(root / "cache")
+    try:
+        compile_model(config, BuildOptions("cuda", out), cache)
+    finally:
+        cache.records.close()
+    model = eager_model(config, out).cuda()
+    inputs = tuple(v.cuda() for v in random_inputs(config, 1))
+    engines: dict[str, Callable[..., Any]] = {
+        "kiln direct": load(out, graphs=False), "kiln replay": load(out, graphs=True)}
+    if with_torch:
+        engines["torch.compile"] = torch.compile(model)
+        engines["torch.compile:reduce-overhead"] = torch.compile(model, mode="reduce-overhead")
+    row: dict[str, Any] = {"model": name}
+    with torch.no_grad():
+        want = model(*inputs)
+        row["eager ms"] = median_ms(lambda: model(*inputs), runs)
+        for engine, fn in engines.items():
+            row[f"{engine} ms"] = median_ms(lambda fn=fn: fn(*inputs), runs)  # type: ignore[misc]
+            row[f"{engine} error"] = max_error(fn(*inputs), want)
+    row["replay"] = engines["kiln replay"].replay  # type: ignore[attr-defined]
+    return row
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("models", nargs="*", default=list(DEFAULT_MODELS))
+    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--no-torch", action="store_true", help="kiln only (no torch.compile)")
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            try:
+                rows.append(bench_model(name, Path(tmp), args.runs, not args.no_torch))
+            except Exception as err:  # one model's failure is a row, not the end of the run
+                rows.append({"model": name, "error": f"{type(err).__name__}: {str(err)[:300]}"})
+            print(rows[-1], flush=True)
+    for row in rows:
+        ms = {k: v for k, v in row.items() if k.endswith(" ms")}
+        print(row["model"], " ".join(f"{k}={v:.3f}" for k, v in ms.items()), row.get("error", ""))
+        if "kiln replay ms" in row:
+            replay = row["kiln replay ms"]
+            versus = row.get("torch.compile:reduce-overhead ms")
+            print("   replay/direct", f"{replay / row['kiln direct ms']:.2f}",
+                  f"replay/reduce-overhead {replay / versus:.2f}" if versus else "", "|", row["replay"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -87,7 +87,7 @@ class BoxedCall {
   }
 
   void run(std::initializer_list<Ret> returns) {
-    replayed(false, what_);  // kiln_fallback.h: it allocates, so it runs directly
+    runs_directly(what_);  // kiln_fallback.h
     kinds_.assign(returns.begin(), returns.end());
     counts_.assign(kinds_.size(), 0);
     std::vector<AtenTensorHandle> got(kMaxReturned, nullptr);

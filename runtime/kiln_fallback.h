@@ -48,7 +48,11 @@ namespace kiln {
 using StableValue = uint64_t;
 
 // kiln_replay.h: an aten op allocates its results, so it runs directly, never in a CUDA graph.
-bool replayed(bool capturable, const char* what);
+// Weak: a program of this header alone, without kiln's runtime, has no graphs to tell.
+[[gnu::weak]] bool replayed(bool capturable, const char* what);
+inline void runs_directly(const char* what) {
+  if (replayed != nullptr) replayed(false, what);
+}
 
 namespace detail {
 
@@ -143,7 +147,7 @@ class FallbackCall {
     if (ran_) fail("run() twice");
     if (!list_starts_.empty()) fail("a list was begun and never ended");
     ran_ = true;
-    replayed(false, what_);
+    runs_directly(what_);
     std::vector<StableValue> stack(std::max(values_.size(), returns.size()), 0);
     std::copy(values_.begin(), values_.end(), stack.begin());
     owned_.reserve(std::max(owned_.size(), returns.size()));  // so taking the returns cannot throw

@@ -140,8 +140,12 @@ const std::string& Replay::describe() const {
   description_ = "on: " + std::to_string(graphs_) + " CUDA graph" + (graphs_ == 1 ? "" : "s") + " of " +
                  std::to_string(captured) + " calls; inputs and outputs copied to and from the model's own buffers";
   if (!direct_.empty()) {
-    description_ += "; run directly (they allocate):";
-    for (const auto& [what, n] : direct_) description_ += " " + what + " x" + std::to_string(n);
+    description_ += "; run directly, as they allocate:";
+    const char* separator = " ";
+    for (const auto& [what, n] : direct_) {
+      description_ += separator + what + " x" + std::to_string(n);
+      separator = ", ";
+    }
   }
   return description_;
 }

@@ -193,9 +193,10 @@ bool blas_ready(const Tensor& t) {
   check(aoti_torch_get_sizes(t.get(), &sizes), "reading a tensor's sizes");
   check(aoti_torch_get_strides(t.get(), &strides), "reading a tensor's strides");
   if (ndim != 2 && ndim != 3) return false;
+  // as torch's prepare_matrix_for_cublas reads them: a dim of size 1 may have any stride
   const int64_t r = ndim - 2, c = ndim - 1;
-  bool rows = strides[c] == 1 && strides[r] >= std::max<int64_t>(1, sizes[c]);
-  bool columns = strides[r] == 1 && strides[c] >= std::max<int64_t>(1, sizes[r]);
+  bool rows = strides[c] == 1 && (sizes[r] == 1 || strides[r] >= std::max<int64_t>(1, sizes[c]));
+  bool columns = strides[r] == 1 && (sizes[c] == 1 || strides[c] >= std::max<int64_t>(1, sizes[r]));
   bool batches = ndim == 2 || sizes[0] == 1 || strides[0] >= sizes[r] * sizes[c];
   return (rows || columns) && batches;
 }
@@ -207,27 +208,27 @@ bool blas_ready(std::initializer_list<const Tensor*> tensors) {
 }
 
 void mm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
-  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "mm")) return;
+  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "mm (an operand cuBLAS would copy)")) return;
   if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_mm_out)(out.get(), a.get(), b.get()), what);
   check(aoti_torch_cpu_mm_out(out.get(), a.get(), b.get()), what);
 }
 
 void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
-  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "bmm")) return;
+  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "bmm (an operand cuBLAS would copy)")) return;
   if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_bmm_out)(out.get(), a.get(), b.get()), what);
   check(aoti_torch_cpu_bmm_out(out.get(), a.get(), b.get()), what);
 }
 
 void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta, double alpha,
                   const char* what) {
-  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "addmm")) return;
+  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "addmm (an operand cuBLAS would copy)")) return;
   if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_addmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
   check(aoti_torch_cpu_addmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
 }
 
 void baddbmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta,
                     double alpha, const char* what) {
-  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "baddbmm")) return;
+  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "baddbmm (an operand cuBLAS would copy)")) return;
   if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_baddbmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
   check(aoti_torch_cpu_baddbmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
 }

@@ -12,7 +12,9 @@ from rich.table import Table
 from bench.suite import NOT_REACHED
 from kiln.report import human_bytes, print_report
 
-ENGINE_TITLES = {"kiln": "kiln", "eager": "eager", "torch.compile": "torch.compile", "aoti": "AOTInductor"}
+ENGINE_TITLES = {"kiln": "kiln", "eager": "eager", "torch.compile": "torch.compile", "aoti": "AOTInductor",
+                 "torch.compile:reduce-overhead": "torch.compile reduce-overhead",
+                 "torch.compile:max-autotune": "torch.compile max-autotune"}
 STEP_TITLES = {"cold": "cold compile", "warm": "warm compile", "layer_edit": "one-layer edit",
                "weight_swap": "weight swap", "latency": "latency"}
 RECOMPILES = ("cold", "warm", "weight_swap", "layer_edit")

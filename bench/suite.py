@@ -9,7 +9,9 @@ Per engine, each step in a fresh process (bench/workers.py, or the kiln CLI):
                  followed by the latency in that process, then a warm compile on those caches;
   aoti           cold and warm compiles with export + aoti_compile_and_package, then the
                  latency of the cold package loaded with aoti_load_package in a fresh process;
-  eager          the latency of the module as written (no compile).
+  eager          the latency of the module as written (no compile);
+  torch.compile:reduce-overhead, torch.compile:max-autotune (cuda only: both replay CUDA graphs)
+                 as torch.compile, in that mode.
 A compile's seconds are the wall time of a fresh process from its start to compiled and ready
 (python start, torch import, building the model included), its peaks those of that process and
 of the workers it waited for. Latency is the median of --runs calls after --warmup, with the max
@@ -18,6 +20,7 @@ abs error against eager. A step that fails is recorded as an error string; the r
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -31,9 +34,10 @@ from typing import Any
 from bench.edits import knob_in_kwargs, write_config
 from bench.kiln_runs import compile_memory, kiln_compile
 from bench.procs import child_env, host_facts, run_worker
-from kiln import ModelConfig, load_config
+from kiln import KilnError, ModelConfig, load_config
 
-ENGINES = ("kiln", "eager", "torch.compile", "aoti")
+CUDA_ONLY = ("torch.compile:reduce-overhead", "torch.compile:max-autotune")  # their gains are CUDA graphs
+ENGINES = ("kiln", "eager", "torch.compile", "aoti", *CUDA_ONLY)
 RECOMPILES = ("warm", "weight_swap", "layer_edit")  # after the cold compile, in this order
 STEPS = ("cold", *RECOMPILES, "latency")  # each engine's entries in bench.json
 KILN_ONLY = {"layer_edit": {"skipped": "measured for kiln only"},
@@ -187,10 +191,20 @@ KILN_RECOMPILES: dict[str, Callable[[Run], dict[str, Any]]] = {
 # Note: AOTInductor's latency is measured in a fresh process that loads the cold compile's
 # package, as a server that was shipped it would, and as kiln's is; torch.compile's can only be
 # measured in the process that compiled, where its compiled module lives.
+def engines_for(target: str, engines: tuple[str, ...], explicit: bool) -> tuple[str, ...]:
+    """The engines a run on `target` measures: every one asked for, less those that are cuda's
+    only on the cpu target (an error where they were asked for by name)."""
+    off = [engine for engine in engines if engine in CUDA_ONLY and target != "cuda"]
+    if off and explicit:
+        raise KilnError(f"{', '.join(off)}: CUDA graphs, so the cuda target only",
+                        "leave them out of --engines, or bench with --target cuda")
+    return tuple(engine for engine in engines if engine not in off)
+
+
 def bench_inductor(run: Run, engine: str) -> dict[str, Any]:
     """A cold compile (fresh caches), then a warm compile in a fresh process on the caches the
     cold one filled; the latency of the cold compile's result (see the note)."""
-    slug, in_process = engine.replace(".", "-"), engine == "torch.compile"
+    slug, in_process = engine.replace(".", "-").replace(":", "-"), engine.startswith("torch.compile")
     steps = {"warm": LEFT_OUT}
     for step in ("cold", "warm"):
         if step in ("cold", *run.opts.recompiles):
@@ -235,6 +249,7 @@ BENCHES: dict[str, Callable[[Run], dict[str, Any]]] = {
     "eager": bench_eager,
     "torch.compile": lambda run: bench_inductor(run, "torch.compile"),
     "aoti": lambda run: bench_inductor(run, "aoti"),
+    **{engine: functools.partial(bench_inductor, engine=engine) for engine in CUDA_ONLY},
 }
 
 
@@ -284,8 +299,9 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = say,
         head = {"model": config.name, "config": str(config.path), "target": opts.target,
                 "machine": {**start, **machine}, "threads": threads, "runs": opts.runs,
                 "warmup": opts.warmup, "recompiles": list(opts.recompiles)}
-        engines = {engine: dict.fromkeys(STEPS, NOT_REACHED) for engine in ENGINES}
-        for engine in ENGINES:  # kiln first: its build's weights are what the others run
+        listed = tuple(engine for engine in ENGINES if opts.target == "cuda" or engine not in CUDA_ONLY)
+        engines = {engine: dict.fromkeys(STEPS, NOT_REACHED) for engine in listed}
+        for engine in listed:  # kiln first: its build's weights are what the others run
             if engine in opts.engines:
                 run.log(f"bench {config.name} ({opts.target}): {engine}")
                 found = BENCHES[engine](run)

@@ -105,6 +105,11 @@ def time_calls(fn: Callable[..., Any], args: tuple[Any, ...], spec: dict[str, An
     return seconds
 
 
+def compile_mode(engine: str) -> str | None:
+    """torch.compile's mode in an engine's name ("torch.compile:reduce-overhead"; None: default)."""
+    return engine.partition(":")[2] or None
+
+
 def loaded(engine: str, spec: dict[str, Any], module: Any) -> Callable[..., Any]:
     import torch
 
@@ -116,8 +121,8 @@ def loaded(engine: str, spec: dict[str, Any], module: Any) -> Callable[..., Any]
 
         loaded: Callable[..., Any] = load(spec["build"])
         return loaded
-    if engine == "torch.compile":
-        compiled: Callable[..., Any] = torch.compile(module)
+    if engine.startswith("torch.compile"):
+        compiled: Callable[..., Any] = torch.compile(module, mode=compile_mode(engine))
         return compiled
     if engine == "eager":
         return module  # type: ignore[no-any-return]
@@ -173,8 +178,8 @@ def compiled_now(engine: str, module: Any, args: tuple[Any, ...],
         t1 = time.perf_counter()
         torch._inductor.aoti_compile_and_package(program, package_path=spec["package"])
         return None, {"export_s": round(t1 - t0, 3), "compile_s": round(time.perf_counter() - t1, 3)}
-    if engine == "torch.compile":
-        fn: Callable[..., Any] = torch.compile(module)
+    if engine.startswith("torch.compile"):
+        fn: Callable[..., Any] = torch.compile(module, mode=compile_mode(engine))
         fn(*args)
         sync(spec)
         return fn, {"first_call_s": round(time.perf_counter() - t0, 3)}

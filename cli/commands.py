@@ -97,12 +97,13 @@ def bench_command(args: argparse.Namespace, config: ModelConfig, target: str, ou
     kiln's compile profile, out/bench.json and out/bench.png."""
     from bench.chart import write_chart
     from bench.render import print_bench
-    from bench.suite import BenchOptions, run_bench
+    from bench.suite import ENGINES, BenchOptions, engines_for, run_bench
 
     if args.runs < 1 or args.warmup < 0:
         raise KilnError("--runs must be at least 1 and --warmup at least 0")
     recompiles = tuple(step.replace("-", "_") for step in args.recompiles)
-    options = BenchOptions(str(config.path), target, out.resolve(), engines=args.engines,
+    engines = engines_for(target, args.engines or ENGINES, explicit=args.engines is not None)
+    options = BenchOptions(str(config.path), target, out.resolve(), engines=engines,
                            recompiles=recompiles, runs=args.runs, warmup=args.warmup, timeout=args.timeout,
                            threads=args.threads)
     bench = run_bench(options, partial=lambda so_far: _write_bench(out / "bench.json", so_far))

@@ -73,7 +73,8 @@ def _model_args(p: argparse.ArgumentParser, out_help: str = "build folder (defau
 
 
 # bench/suite.py's ENGINES and RECOMPILES (spelt with "-" here), not imported: `kiln --help` stays cheap
-BENCH_ENGINES = ("kiln", "eager", "torch.compile", "aoti")
+BENCH_ENGINES = ("kiln", "eager", "torch.compile", "aoti", "torch.compile:reduce-overhead",
+                 "torch.compile:max-autotune")  # the last two: cuda only (bench/suite.py)
 BENCH_RECOMPILES = ("warm", "weight-swap", "layer-edit")
 
 
@@ -94,8 +95,9 @@ def _picks(known: tuple[str, ...], allow_none: bool) -> Callable[[str], tuple[st
 def _bench_args(p: argparse.ArgumentParser) -> None:
     _model_args(p, out_help="folder of bench.json, bench.png and kiln's builds "
                             "(default: build/bench/MODEL-TARGET)")
-    p.add_argument("--engines", type=_picks(BENCH_ENGINES, False), default=BENCH_ENGINES, metavar="LIST",
-                   help=f"comma-separated, from {','.join(BENCH_ENGINES)} (default: all)")
+    p.add_argument("--engines", type=_picks(BENCH_ENGINES, False), default=None, metavar="LIST",
+                   help=f"comma-separated, from {','.join(BENCH_ENGINES)} (default: all; "
+                        "the torch.compile modes with CUDA graphs are cuda's only)")
     p.add_argument("--recompiles", type=_picks(BENCH_RECOMPILES, True), default=BENCH_RECOMPILES,
                    metavar="LIST", help=f"after the cold compile, from {','.join(BENCH_RECOMPILES)}, "
                                         "or none (default: all; warm is every engine's, the edits kiln's)")

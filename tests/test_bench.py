@@ -16,9 +16,20 @@ from bench.chart import write_chart
 from bench.edits import dump_toml, layer_knob, write_config
 from bench.procs import ROOT, UNFINISHED, child_env, crash_site, run_measured, run_worker
 from bench.render import notes
-from bench.suite import ENGINES, NOT_REACHED, STEPS, BenchOptions, Run, bench_inductor, run_bench
+from bench.suite import (
+    CUDA_ONLY,
+    ENGINES,
+    NOT_REACHED,
+    STEPS,
+    BenchOptions,
+    Run,
+    bench_inductor,
+    engines_for,
+    run_bench,
+)
 from cli.main import main
 from contract.config import PROJECT_ROOT, load_config
+from kiln import KilnError
 from tests.conftest import kiln
 
 CONFIGS = sorted((PROJECT_ROOT / "configs").glob("*.toml"))
@@ -132,6 +143,17 @@ def test_bench_rejects_unknown_choices(flag: list[str], capsys: pytest.CaptureFi
     assert "pick from" in capsys.readouterr().err
 
 
+def test_the_cuda_graph_modes_of_torch_compile_are_cudas_only() -> None:
+    from bench.workers import compile_mode
+
+    assert engines_for("cuda", ENGINES, explicit=False) == ENGINES
+    assert engines_for("cpu", ENGINES, explicit=False) == ("kiln", "eager", "torch.compile", "aoti")
+    with pytest.raises(KilnError, match=r"reduce-overhead: CUDA graphs, so the cuda target only"):
+        engines_for("cpu", ("kiln", "torch.compile:reduce-overhead"), explicit=True)
+    assert [compile_mode(e) for e in ENGINES if e.startswith("torch.compile")] == \
+        [None, "reduce-overhead", "max-autotune"]
+
+
 # ---- the smoke runs ----
 
 
@@ -141,7 +163,7 @@ def is_figure(value: Any) -> bool:
 
 def assert_every_step_reported(bench: dict[str, Any]) -> None:
     """Every engine and step present, each with a number, an error string or a skip reason."""
-    assert list(bench["engines"]) == list(ENGINES)
+    assert list(bench["engines"]) == [e for e in ENGINES if bench["target"] == "cuda" or e not in CUDA_ONLY]
     for engine, steps in bench["engines"].items():
         assert list(steps) == list(STEPS), engine
         for step, found in steps.items():
@@ -209,7 +231,7 @@ def test_each_engine_done_is_handed_over_before_the_next_runs(tmp_path: Path,
     snapshots: list[dict[str, Any]] = []
     opts = BenchOptions("mlp", "cpu", tmp_path, engines=("kiln", "aoti"))
     done = run_bench(opts, log=lambda line: None, partial=snapshots.append)
-    assert len(snapshots) == len(ENGINES)
+    assert len(snapshots) == len(ENGINES) - len(CUDA_ONLY)  # a cpu run lists no cuda-only engine
     first = snapshots[0]["engines"]
     assert first["kiln"]["cold"] == {"seconds": 1.0, "by": "kiln"}
     assert first["aoti"]["cold"] == NOT_REACHED

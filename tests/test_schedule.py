@@ -44,6 +44,17 @@ def test_bias_add_and_gelu_after_a_matmul_is_one_kernel() -> None:
     assert (c.kernels, c.calls) == (1, 1)
 
 
+def test_a_bias_nothing_would_fuse_stays_in_the_matmul_call() -> None:
+    """addmm's bias becomes a kernel's add only where a kernel of kiln's reads the product; read
+    only by externs (attention, a matmul, through views) or returned, cuBLAS adds it."""
+    c = compile_fn(lambda x: F.linear(x, W.t(), B), X)
+    assert (c.kernels, c.calls) == (0, 1)
+    c = compile_fn(lambda x: (F.linear(x, W.t(), B).reshape(8, 17, 1) * torch.ones(1, 1, 3)).sum(-1), X)
+    assert c.kernels == 1  # the mul and the sum take the bias add
+    c = compile_fn(lambda x: F.linear(x, W.t(), B).t().reshape(17, 8) @ X, X)
+    assert (c.kernels, c.calls) == (0, 2)
+
+
 def test_a_chain_of_ten_pointwise_ops_is_one_kernel() -> None:
     def chain(x: torch.Tensor) -> torch.Tensor:
         for i in range(10):

@@ -77,6 +77,8 @@ class Lower:
     eager_strides: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # Values derived once per graph whatever the number of their users (see `derived`).
     derived_values: dict[Hashable, TensorValue] = field(default_factory=dict)
+    # Per fx value of the graph being lowered: what reads it (tasks/lower/consumers.py).
+    consumers: dict[str, list[tuple[str, list[str]]]] = field(default_factory=dict)
 
     def name(self) -> str:
         self.counter[0] += 1

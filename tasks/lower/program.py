@@ -17,6 +17,7 @@ from tasks.ir.dtypes import BY_TORCH_NAME, DType
 from tasks.ir.expr import const
 from tasks.ir.nodes import Buffer, BufferKind, Fallback, Graph
 from tasks.lower import serialized as ser
+from tasks.lower.consumers import consumers_of
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.control import unsupported_higher_order
 from tasks.lower.registry import LOWERINGS, TOKEN, lower_fallback
@@ -104,8 +105,11 @@ class GraphLowering:
         placeholders = [ser.decode(arg, lambda name: name) for arg in graph["inputs"]]
         for name, buf in zip(placeholders, inputs, strict=True):
             self.env[name] = TOKEN if buf is None else TensorValue.of(buf)
-        for node in graph["nodes"]:
-            self.call(node, graph["tensor_values"])
+        outer, self.ctx.consumers = self.ctx.consumers, consumers_of(graph)
+        try:
+            self._lower_nodes(graph)
+        finally:
+            self.ctx.consumers = outer
         values = [ser.decode(arg, self.tensor) for arg in graph["outputs"]]
         targets = list(writes) or [None] * len(values)
         # Note: the values written back go last, after the user's outputs (torch lists them first),
@@ -115,6 +119,10 @@ class GraphLowering:
         names = self.finish_outputs(ordered)  # may add copies: before the nodes are taken
         return Graph(tuple(b for b in inputs if b is not None), tuple(self.ctx.nodes), names,
                      tuple(t for _, t in kept if t is not None))
+
+    def _lower_nodes(self, graph: Json) -> None:
+        for node in graph["nodes"]:
+            self.call(node, graph["tensor_values"])
 
     def tensor(self, name: str) -> Any:
         return self.env[name]

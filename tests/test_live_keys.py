@@ -138,3 +138,4 @@ def test_a_module_export_cannot_trace_names_its_line(cache_dir: Path, tmp_path: 
     assert "torch.export failed" in str(err.value)
     assert "test_live_keys.py" in str(err.value)
     assert "if x.sum() > 0" in str(err.value)
+    assert "torch.cond or torch.where" in err.value.hint

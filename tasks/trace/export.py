@@ -106,11 +106,21 @@ def _export_errors(model: str, root: Path) -> Iterator[None]:
         raise
     except Exception as err:
         reason = "\n    ".join(str(err).strip().splitlines()[:_REASON_LINES])
+        data_dependent = "DataDependent" in type(err).__name__
         raise KilnError(
             f"model {model!r}: torch.export failed: {type(err).__name__}: {reason}"
             f"{user_frame(err, root)}",
+            _DATA_DEPENDENT_HINT if data_dependent else
             "make the model exportable (see torch.export's docs on the construct named above)",
         ) from err
+
+
+# Note: transformers' BART, in float16, checks its hidden states for inf in Python after every
+# encoder layer (`if ... not torch.isfinite(h).all(): clamp`): export cannot trace it, so the
+# hint names both ways out.
+_DATA_DEPENDENT_HINT = ("the line above branches in Python on a tensor's value, which export traces "
+                        "one way only: rewrite it with torch.cond or torch.where; a branch only one "
+                        "dtype takes (a float16 overflow check) is not taken in bfloat16 or float32")
 
 
 def decomposition_table() -> dict[Any, Any]:

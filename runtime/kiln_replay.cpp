@@ -63,7 +63,14 @@ void Replay::run(cuda::Device& device, const std::function<void()>& main) {
 // the stream's cuBLAS workspace and loads every kernel's module, which a capture cannot do.
 void Replay::record(cuda::Device& device, const std::function<void()>& main) {
   void* caller = cuda::stream(device);
-  void* own = cuda::capture_stream(device);
+  void* own = nullptr;
+  try {
+    own = cuda::capture_stream(device);
+  } catch (const std::exception& e) {
+    turn_off(std::string("no stream to capture on (") + e.what() + "); the model runs its calls directly");
+    Active none(nullptr);
+    return main();
+  }
   cuda::wait_for(device, own, caller);
   {
     OnStream on_own(device, own);

@@ -246,7 +246,7 @@ def graphs_wanted(graphs: bool | None) -> bool:
     ("0" turns them off), else yes."""
     if graphs is not None:
         return graphs
-    return os.environ.get("KILN_CUDA_GRAPHS", "1").strip() not in ("0", "false", "no", "off")
+    return os.environ.get("KILN_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def load(build_dir: Path | str, *, verify: bool = True, graphs: bool | None = None) -> CompiledModel:

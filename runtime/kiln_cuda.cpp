@@ -27,6 +27,7 @@ using CUgraphExec = struct CUgraphExec_st*;
 constexpr unsigned kStreamNonBlocking = 1;      // CU_STREAM_NON_BLOCKING
 constexpr unsigned kEventDisableTiming = 2;     // CU_EVENT_DISABLE_TIMING
 constexpr int kCaptureModeThreadLocal = 1;      // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+constexpr CUresult kCaptureImplicit = 906;      // CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 constexpr int kMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr unsigned kDefaultSharedLimit = 48 * 1024;
 
@@ -59,6 +60,7 @@ struct Driver {
   CUresult (*cuGraphExecDestroy)(CUgraphExec) = nullptr;
   CUresult (*cuGraphDestroy)(CUgraph) = nullptr;
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
+  CUresult (*cuStreamIsCapturing)(CUstream, int*) = nullptr;
 };
 
 // Note: looked up by the names cuda.h's macros expand to (cuMemcpyDtoHAsync_v2, ...): the bare
@@ -102,6 +104,7 @@ const Driver& driver() {
     resolve(lib, d.cuGraphExecDestroy, "cuGraphExecDestroy");
     resolve(lib, d.cuGraphDestroy, "cuGraphDestroy");
     resolve(lib, d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+    resolve(lib, d.cuStreamIsCapturing, "cuStreamIsCapturing");
     return d;
   }();
   return loaded;
@@ -126,6 +129,10 @@ struct Device {
   CUstream capture_stream = nullptr;
   CUevent joined = nullptr;  // orders one stream behind another's work so far
   std::vector<CUgraphExec> graphs;
+  // the end of the last run, and its stream: a run on another stream waits for it
+  CUevent finished = nullptr;
+  CUstream last = nullptr;
+  bool ran = false;
 };
 
 namespace {
@@ -186,6 +193,7 @@ void close(Device* device) {
   const Driver& d = driver();
   for (CUgraphExec g : device->graphs) d.cuGraphExecDestroy(g);
   if (device->joined != nullptr) d.cuEventDestroy(device->joined);
+  if (device->finished != nullptr) d.cuEventDestroy(device->finished);
   if (device->capture_stream != nullptr) d.cuStreamDestroy(device->capture_stream);
   for (CUmodule m : device->modules) d.cuModuleUnload(m);
   delete device;
@@ -224,6 +232,30 @@ void copy_to_host(Device& device, void* host, const void* src, size_t bytes) {
 }
 
 void check_usable(Device& device) { usable(device); }
+
+bool capturing(Device& device, void* stream) {
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  CUresult r = driver().cuStreamIsCapturing(static_cast<CUstream>(stream), &status);
+  if (r == kCaptureImplicit) return true;  // the legacy stream, while a blocking one is captured
+  check_on(device, r, "asking whether the caller's stream is being captured");
+  return status != 0;
+}
+
+// Note: a model's buffers (arenas, staging, the graphs' inputs and outputs) are reused by its
+// next run; one queued on another stream than the last must not start before the last ends.
+void begin_run(Device& device) {
+  if (!device.ran || device.last == device.stream) return;
+  check_on(device, driver().cuStreamWaitEvent(device.stream, device.finished, 0), "ordering a run behind the last");
+}
+
+void end_run(Device& device) {
+  const Driver& d = driver();
+  if (device.finished == nullptr)
+    check_on(device, d.cuEventCreate(&device.finished, kEventDisableTiming), "creating a CUDA event");
+  check_on(device, d.cuEventRecord(device.finished, device.stream), "recording the end of a run");
+  device.last = device.stream;
+  device.ran = true;
+}
 
 void copy_on_device(Device& device, void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;

@@ -36,6 +36,14 @@ void check_usable(Device& device);
 // Copies `bytes` from device memory to the host on the device's stream and waits for them.
 void copy_to_host(Device& device, void* host, const void* src, size_t bytes);
 
+// Whether `stream` is being captured into a CUDA graph (by the caller: torch.cuda.graph, say).
+bool capturing(Device& device, void* stream);
+
+// A run's start on the device's current stream (ordered behind the last run where that ran on
+// another stream) and its end (recorded for the next one).
+void begin_run(Device& device);
+void end_run(Device& device);
+
 // Copies `bytes` between two places of device memory on the device's stream.
 void copy_on_device(Device& device, void* dst, const void* src, size_t bytes);
 

@@ -65,8 +65,8 @@ int kiln_model_create(const char* weights_path, KilnModel** model);
  * parsed, bounds-checked and matched against the model by name, dtype and shape). */
 #define KILN_CREATE_NO_VERIFY 1u
 /* KILN_CREATE_NO_GRAPHS: a cuda model launches every kernel from the host at every run. Without
- * it, its first run records its launches as CUDA graphs and later runs replay them (the calls
- * that allocate GPU memory through torch still run directly): kiln_model_replay says how. */
+ * it, its first run records its kernels' launches as CUDA graphs and later runs replay them
+ * (calls into torch, matmuls included, still run directly): kiln_model_replay says how. */
 #define KILN_CREATE_NO_GRAPHS 2u
 int kiln_model_create_with(const char* weights_path, unsigned flags, KilnModel** model);
 void kiln_model_destroy(KilnModel* model);

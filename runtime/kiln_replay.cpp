@@ -26,7 +26,12 @@ struct OnStream {
   OnStream(cuda::Device& device, void* stream) : device(device), before(cuda::stream(device)), guard(stream, 0) {
     cuda::set_stream(device, stream);
   }
-  ~OnStream() { cuda::set_stream(device, before); }
+  ~OnStream() {
+    try {
+      cuda::set_stream(device, before);
+    } catch (...) {  // a destructor must not throw; the context was current a moment ago
+    }
+  }
   OnStream(const OnStream&) = delete;
   OnStream& operator=(const OnStream&) = delete;
   cuda::Device& device;
@@ -37,6 +42,19 @@ struct OnStream {
 }  // namespace
 
 bool replayed(bool capturable, const char* what) { return active != nullptr && active->replayed(capturable, what); }
+
+namespace {
+// The message of the exception being handled.
+std::string what_failed() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown error";
+  }
+}
+}  // namespace
 
 void Replay::turn_off(const std::string& why) {
   why_off_ = why.empty() ? "off" : why;
@@ -81,10 +99,14 @@ void Replay::record(cuda::Device& device, const std::function<void()>& main) {
       main();
       close_segment();
       recorded_ = true;
-    } catch (const std::exception& e) {
-      if (capturing_) cuda::abandon_capture(device);
+    } catch (...) {
+      // Note: only a failure inside a capture turns replay off for good; one of a call run
+      // directly (out of memory in attention, say) is this run's, and the next run records again.
+      const bool in_capture = capturing_;
+      if (in_capture) cuda::abandon_capture(device);
       forget();
-      turn_off(std::string("a capture failed (") + e.what() + "); the model runs its calls directly");
+      if (!in_capture) throw;
+      turn_off("a capture failed (" + what_failed() + "); the model runs its calls directly");
     }
   }
   cuda::wait_for(device, caller, own);
@@ -147,7 +169,7 @@ const std::string& Replay::describe() const {
   description_ = "on: " + std::to_string(graphs_) + " CUDA graph" + (graphs_ == 1 ? "" : "s") + " of " +
                  std::to_string(captured) + " calls; inputs and outputs copied to and from the model's own buffers";
   if (!direct_.empty()) {
-    description_ += "; run directly, as they allocate:";
+    description_ += "; run directly (torch allocates for them, or they use its cuBLAS workspace):";
     const char* separator = " ";
     for (const auto& [what, n] : direct_) {
       description_ += separator + what + " x" + std::to_string(n);

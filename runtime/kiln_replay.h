@@ -4,18 +4,19 @@
 // extern, a copy, a fallback op) first asks `replayed(capturable, what)`:
 //   - direct (replay off, or the warm-up before a capture): every call runs;
 //   - record (the first run): the calls that may be captured run inside a stream capture, each
-//     run of them a segment; a call that may not (it allocates through torch's caching
-//     allocator, or reads the GPU on the host) ends the segment, whose graph is instantiated and
-//     launched at once, and runs itself; so the recording run computes its results too;
+//     run of them a segment; a call that may not (a call into torch, or a read of the GPU on the
+//     host) ends the segment, whose graph is instantiated and launched at once, and runs
+//     itself; so the recording run computes its results too;
 //   - replay (every later run): the first call of each segment launches its graph, the others
 //     of the segment are skipped, and the calls that run directly run as before.
 //
-// Note: a call may be captured only if it allocates nothing: memory torch's caching allocator
-// hands out during a capture goes back to its pool when the call frees it, while the graph
-// keeps writing it at every replay, over whatever torch gave it to next (torch.cuda.graph uses
-// a private pool for this, which the stable C shim does not reach). kiln's own kernels, and
-// cuBLAS matmuls whose operands cuBLAS takes as they are (no contiguous() copy), allocate
-// nothing once a run on the capture stream has made the stream's cuBLAS workspace.
+// Note: a call may be captured only if every byte it writes stays the model's: memory torch's
+// caching allocator hands out during a capture goes back to its pool when the call frees it,
+// while the graph keeps writing it at every replay, over whatever torch gave it to next
+// (torch.cuda.graph uses a private pool for this, which the stable C shim does not reach); and
+// cuBLAS's workspace is torch's, freed by any clearCublasWorkspaces (every torch.cuda.graph
+// capture calls it). So kiln's own kernels and its copies are captured; matmuls, attention,
+// convolution and fallbacks run directly.
 #pragma once
 
 #include <cstddef>

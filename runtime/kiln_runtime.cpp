@@ -183,53 +183,41 @@ Tensor view(void* data, DType dtype, std::initializer_list<int64_t> sizes,
 #define gpu_fn(fn) \
   ([] { static const auto found = reinterpret_cast<decltype(&fn)>(cuda::shim_function(#fn)); return found; }())
 
-// Whether cuBLAS takes a matrix (or a batch of them) as it is laid out: torch makes a contiguous
-// copy of one it does not, an allocation no CUDA graph may capture (kiln_replay.h).
-bool blas_ready(const Tensor& t) {
-  int64_t ndim = 0;
-  int64_t* sizes = nullptr;
-  int64_t* strides = nullptr;
-  check(aoti_torch_get_dim(t.get(), &ndim), "reading a tensor's rank");
-  check(aoti_torch_get_sizes(t.get(), &sizes), "reading a tensor's sizes");
-  check(aoti_torch_get_strides(t.get(), &strides), "reading a tensor's strides");
-  if (ndim != 2 && ndim != 3) return false;
-  // as torch's prepare_matrix_for_cublas reads them: a dim of size 1 may have any stride
-  const int64_t r = ndim - 2, c = ndim - 1;
-  bool rows = strides[c] == 1 && (sizes[r] == 1 || strides[r] >= std::max<int64_t>(1, sizes[c]));
-  bool columns = strides[r] == 1 && (sizes[c] == 1 || strides[c] >= std::max<int64_t>(1, sizes[r]));
-  bool batches = ndim == 2 || sizes[0] == 1 || strides[0] >= sizes[r] * sizes[c];
-  return (rows || columns) && batches;
-}
-
-bool blas_ready(std::initializer_list<const Tensor*> tensors) {
-  for (const Tensor* t : tensors)
-    if (!blas_ready(*t)) return false;
-  return true;
-}
-
+// Note: a matmul runs directly, never in a CUDA graph (kiln_replay.h): cuBLAS writes a workspace
+// that torch owns per (handle, stream) and frees when anyone calls clearCublasWorkspaces, as
+// every torch.cuda.graph capture and torch.compile's reduce-overhead do; a graph would keep
+// writing the freed memory. Capturing matmuls waits for a workspace of the model's own.
 void mm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
-  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "mm (an operand cuBLAS would copy)")) return;
-  if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_mm_out)(out.get(), a.get(), b.get()), what);
+  if (on_gpu()) {
+    replayed(false, "mm");
+    return check(gpu_fn(aoti_torch_cuda_mm_out)(out.get(), a.get(), b.get()), what);
+  }
   check(aoti_torch_cpu_mm_out(out.get(), a.get(), b.get()), what);
 }
 
 void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
-  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "bmm (an operand cuBLAS would copy)")) return;
-  if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_bmm_out)(out.get(), a.get(), b.get()), what);
+  if (on_gpu()) {
+    replayed(false, "bmm");
+    return check(gpu_fn(aoti_torch_cuda_bmm_out)(out.get(), a.get(), b.get()), what);
+  }
   check(aoti_torch_cpu_bmm_out(out.get(), a.get(), b.get()), what);
 }
 
 void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta, double alpha,
                   const char* what) {
-  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "addmm (an operand cuBLAS would copy)")) return;
-  if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_addmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
+  if (on_gpu()) {
+    replayed(false, "addmm");
+    return check(gpu_fn(aoti_torch_cuda_addmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
+  }
   check(aoti_torch_cpu_addmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
 }
 
 void baddbmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta,
                     double alpha, const char* what) {
-  if (on_gpu() && replayed(blas_ready({&out, &a, &b}), "baddbmm (an operand cuBLAS would copy)")) return;
-  if (on_gpu()) return check(gpu_fn(aoti_torch_cuda_baddbmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
+  if (on_gpu()) {
+    replayed(false, "baddbmm");
+    return check(gpu_fn(aoti_torch_cuda_baddbmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
+  }
   check(aoti_torch_cpu_baddbmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
 }
 
@@ -621,7 +609,7 @@ Tensor new_output(const TensorSpec& spec) {
 }
 
 void run_graphs(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTensorHandle* outputs,
-                size_t num_outputs);
+                size_t num_outputs, bool captured = false);
 void write_back(Context& ctx, const AtenTensorHandle* inputs);
 
 // A run on the GPU: every kernel, extern and copy on one stream (the caller's, or torch's current).
@@ -635,18 +623,24 @@ void run(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTe
   if (!stream_given) stream = cuda::torch_current_stream();
   cuda::StreamGuard guard(stream, 0);
   cuda::set_stream(*ctx.gpu, stream);
+  // a caller capturing its stream (torch.cuda.graph) captures the run's launches as they are
+  const bool captured = cuda::capturing(*ctx.gpu, stream);
+  if (!captured) cuda::begin_run(*ctx.gpu);
   running_device = ctx.gpu.get();
   try {
-    run_graphs(ctx, inputs, num_inputs, outputs, num_outputs);
+    run_graphs(ctx, inputs, num_inputs, outputs, num_outputs, captured);
   } catch (...) {
     running_device = nullptr;
+    if (!captured) cuda::end_run(*ctx.gpu);
     throw;
   }
   running_device = nullptr;
+  if (!captured) cuda::end_run(*ctx.gpu);
 }
 
+// captured: the caller captures its stream, so the run launches directly (into its graph).
 void run_graphs(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTensorHandle* outputs,
-                size_t num_outputs) {
+                size_t num_outputs, bool captured) {
   if (num_inputs != program.num_inputs)
     throw Error(KILN_BAD_ARGUMENT, "the model takes " + std::to_string(program.num_inputs) + " inputs, got " +
                                        std::to_string(num_inputs));
@@ -656,7 +650,7 @@ void run_graphs(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs,
   if (num_inputs > 0 && inputs == nullptr) throw Error(KILN_BAD_ARGUMENT, "inputs is NULL");
   if (num_outputs > 0 && outputs == nullptr) throw Error(KILN_BAD_ARGUMENT, "outputs is NULL");
   std::lock_guard<std::mutex> lock(ctx.running);
-  const bool graphs = on_gpu() && ctx.replay.on();
+  const bool graphs = on_gpu() && ctx.replay.on() && !captured;
   std::vector<void*> args(program.num_inputs + program.num_weights);
   for (size_t i = 0; i < num_inputs; ++i) args[i] = graphs ? graph_input(ctx, i, inputs[i]) : input_data(ctx, i, inputs[i]);
   for (size_t i = 0; i < program.num_weights; ++i) args[num_inputs + i] = ctx.weights[i];
@@ -843,7 +837,9 @@ const int64_t* kiln_model_output_strides(const KilnModel*, size_t i) {
 const char* kiln_model_target(void) { return kiln::program.target; }
 
 const char* kiln_model_replay(const KilnModel* model) {
-  return model == nullptr ? "" : model->ctx.replay.describe().c_str();
+  if (model == nullptr) return "";
+  std::lock_guard<std::mutex> lock(const_cast<KilnModel*>(model)->ctx.running);  // not during a run
+  return model->ctx.replay.describe().c_str();
 }
 
 }  // extern "C"

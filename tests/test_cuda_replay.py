@@ -86,6 +86,7 @@ def test_inputs_at_new_addresses_and_a_callers_stream(builds: Path) -> None:
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     for scale in (1.0, -2.0, 0.5):
         moved = (x * scale).clone()  # a new tensor each time
+        stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             got = replayed(moved)
         stream.synchronize()
@@ -93,6 +94,29 @@ def test_inputs_at_new_addresses_and_a_callers_stream(builds: Path) -> None:
     wide = torch.empty(x.shape[0], x.shape[1] * 2, device="cuda", dtype=x.dtype)[:, ::2]
     wide.copy_(x)  # other strides: staged, then replayed
     _same(replayed(wide), direct(x))
+
+
+def test_a_callers_own_capture_takes_the_runs_launches(builds: Path) -> None:
+    """Inside torch.cuda.graph the model launches directly, into the caller's graph."""
+    import torch
+
+    from kiln.loader import load
+
+    direct, replayed = load(builds / "mlp", graphs=False), load(builds / "mlp", graphs=True)
+    (x,) = _inputs("mlp", 5)
+    replayed(x)  # records its own graphs first
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        replayed(x)  # torch.cuda.graph's advice: a warm-up on a side stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph, static_x = torch.cuda.CUDAGraph(), x.clone()
+    with torch.cuda.graph(graph):
+        static_y = replayed(static_x)
+    static_x.copy_(x * 2)
+    graph.replay()
+    torch.cuda.synchronize()
+    _same(static_y, direct(x * 2))
 
 
 def test_replay_is_off_for_control_flow_and_when_asked(builds: Path, monkeypatch: pytest.MonkeyPatch) -> None:

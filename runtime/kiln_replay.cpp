@@ -21,6 +21,22 @@ struct Active {
   Replay* before;
 };
 
+// The caller's stream ordered behind the model's own at the end of a scope, however it ends.
+struct Join {
+  Join(cuda::Device& device, void* caller, void* own) : device(device), caller(caller), own(own) {}
+  ~Join() {
+    try {
+      cuda::wait_for(device, caller, own);
+    } catch (...) {  // a destructor must not throw; the run's own error, if any, is the one to say
+    }
+  }
+  Join(const Join&) = delete;
+  Join& operator=(const Join&) = delete;
+  cuda::Device& device;
+  void* caller;
+  void* own;
+};
+
 // The device's current stream, and torch's, set to `stream` for a scope.
 struct OnStream {
   OnStream(cuda::Device& device, void* stream) : device(device), before(cuda::stream(device)), guard(stream, 0) {
@@ -91,6 +107,7 @@ void Replay::record(cuda::Device& device, const std::function<void()>& main) {
   }
   cuda::wait_for(device, own, caller);
   {
+    Join join(device, caller, own);  // destroyed after on_own: the caller's stream is current again
     OnStream on_own(device, own);
     mode_ = Mode::kDirect;
     main();  // a failure here is the run's own: it propagates, and the next run records again
@@ -102,14 +119,14 @@ void Replay::record(cuda::Device& device, const std::function<void()>& main) {
     } catch (...) {
       // Note: only a failure inside a capture turns replay off for good; one of a call run
       // directly (out of memory in attention, say) is this run's, and the next run records again.
-      const bool in_capture = capturing_;
+      const bool in_capture = capturing_ || in_graph_call_;
+      in_graph_call_ = false;
       if (in_capture) cuda::abandon_capture(device);
       forget();
       if (!in_capture) throw;
       turn_off("a capture failed (" + what_failed() + "); the model runs its calls directly");
     }
   }
-  cuda::wait_for(device, caller, own);
   if (!recorded_) {
     Active none(nullptr);
     main();  // this run's results, from direct calls
@@ -125,7 +142,11 @@ bool Replay::replayed(bool capturable, const char* what) {
       ++direct_[what];
       return false;
     }
-    if (!capturing_) cuda::begin_capture(*device_);
+    if (!capturing_) {
+      in_graph_call_ = true;
+      cuda::begin_capture(*device_);
+      in_graph_call_ = false;
+    }
     calls_.push_back(Call{static_cast<long>(graphs_), !capturing_});
     capturing_ = true;
     return false;
@@ -141,10 +162,12 @@ bool Replay::replayed(bool capturable, const char* what) {
 // Ends the open capture, if any, and launches its graph: the recording run's results need it.
 void Replay::close_segment() {
   if (!capturing_) return;
+  in_graph_call_ = true;
   capturing_ = false;
   size_t index = cuda::end_capture(*device_);
   ++graphs_;
   cuda::launch_graph(*device_, index);
+  in_graph_call_ = false;
 }
 
 void Replay::forget() {

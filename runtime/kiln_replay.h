@@ -60,6 +60,7 @@ class Replay {
   cuda::Device* device_ = nullptr;  // during a run
   bool recorded_ = false;
   bool capturing_ = false;
+  bool in_graph_call_ = false;  // in a call of the graph machinery (begin, end, launch)
   std::vector<Call> calls_;
   size_t cursor_ = 0;
   size_t graphs_ = 0;

@@ -631,7 +631,12 @@ void run(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTe
     run_graphs(ctx, inputs, num_inputs, outputs, num_outputs, captured);
   } catch (...) {
     running_device = nullptr;
-    if (!captured) cuda::end_run(*ctx.gpu);
+    if (!captured) {
+      try {
+        cuda::end_run(*ctx.gpu);
+      } catch (...) {  // the run's own error is the one to report
+      }
+    }
     throw;
   }
   running_device = nullptr;

@@ -1,0 +1,67 @@
+"""The CUDA graph replay's bookkeeping (runtime/kiln_replay.cpp), without a GPU: the runtime's
+unit built against a fake of its CUDA layer that logs each driver call (tests/replay_fake.cpp).
+The GPU tests (tests/test_cuda_replay.py) check the results on a real one."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tasks.codegen.cpp_build import RUNTIME, torch_include
+
+FAKE = Path(__file__).parent / "replay_fake.cpp"
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    exe = tmp_path_factory.mktemp("replay") / "replay_fake"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{RUNTIME}", f"-I{torch_include()}", str(FAKE),
+                    str(RUNTIME / "kiln_replay.cpp"), "-o", str(exe)], check=True, capture_output=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60).stdout
+    found: dict[str, list[str]] = {}
+    for block in out.split("END\n"):
+        lines = block.strip().splitlines()
+        if lines:
+            found[lines[0].removeprefix("SCENARIO ")] = lines[1:]
+    return found
+
+
+CALLS = ["ran k0", "ran k1", "ran attention", "ran k2", "ran mm"]
+
+
+def test_the_first_run_runs_directly_on_its_own_stream_then_records_each_segment(
+        logs: dict[str, list[str]]) -> None:
+    assert logs["record"] == [
+        "wait own on caller", *CALLS,
+        "begin capture on own", "ran k0", "ran k1", "end capture", "graph 0 on own",
+        "ran attention",
+        "begin capture on own", "ran k2", "end capture", "graph 1 on own",
+        "ran mm", "wait caller on own",
+        "on: 2 CUDA graphs of 3 calls; inputs and outputs copied to and from the model's own buffers; "
+        "run directly (torch allocates for them, or they use its cuBLAS workspace): attention x1, mm x1"]
+
+
+def test_a_replay_launches_each_graph_and_runs_only_the_direct_calls(logs: dict[str, list[str]]) -> None:
+    assert logs["replay"][:4] == ["graph 0 on caller", "ran attention", "graph 1 on caller", "ran mm"]
+    differ = "error: the model's GPU calls differ from those its CUDA graphs hold (at attention)"
+    assert logs["other calls"][:2] == ["graph 0 on caller", differ]
+
+
+def test_a_failed_capture_turns_replay_off_and_the_run_goes_on_directly(logs: dict[str, list[str]]) -> None:
+    assert logs["refused"] == [
+        "wait own on caller", *CALLS, "abandon capture", "drop graphs", "wait caller on own", *CALLS,
+        "off: a capture failed (capture refused); the model runs its calls directly"]
+    assert logs["after refused"] == [*CALLS, logs["refused"][-1]]
+
+
+def test_a_direct_call_that_fails_while_recording_fails_the_run_only(logs: dict[str, list[str]]) -> None:
+    failed = logs["direct fails"]
+    assert failed[-4:] == ["drop graphs", "wait caller on own", "error: attention failed",
+                           "on: the first run records its CUDA graphs"]
+    assert logs["records again"][-1].startswith("on: 2 CUDA graphs")
+
+
+def test_replay_turned_off_runs_every_call(logs: dict[str, list[str]]) -> None:
+    assert logs["off"] == [*CALLS, "off: KILN_CREATE_NO_GRAPHS"]

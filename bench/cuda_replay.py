@@ -54,19 +54,13 @@ def max_error(got: Any, want: Any) -> float:
 def bench_model(name: str, root: Path, runs: int, with_torch: bool) -> dict[str, Any]:
     import torch
 
-    from contract.config import load_config
+    from kiln import compile_config, load_config
     from kiln.loader import load
     from kiln.run_model import eager_model, random_inputs
-    from pipeline.build import Cache, compile_model
-    from pipeline.runner import BuildOptions
 
     config = load_config(name)
     out = root / name
-    cache = Cache.open(root / "cache")
-    try:
-        compile_model(config, BuildOptions("cuda", out), cache)
-    finally:
-        cache.records.close()
+    compile_config(config, target="cuda", out=out, cache_dir=root / "cache")
     model = eager_model(config, out).cuda()
     inputs = tuple(v.cuda() for v in random_inputs(config, 1))
     engines: dict[str, Callable[..., Any]] = {

@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,6 +165,9 @@ def test_a_learned_import_that_draws_from_torchs_generator_is_denied(
     (tmp_path / "lib" / "kiln_test_draws.py").write_text("import torch\nNOISE = torch.rand(1)\n")
     monkeypatch.syspath_prepend(str(tmp_path / "lib"))
     monkeypatch.delitem(sys.modules, "kiln_test_draws", raising=False)
+    # the checks before it, which another test's threads or CUDA would answer first
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setattr(server, "forks_lose_cuda", lambda: False)
     state = torch.random.get_rng_state()
     try:
         learner = server.Server("cpu", "a model", tmp_path)

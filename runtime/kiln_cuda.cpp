@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace kiln {
@@ -125,8 +126,7 @@ struct Device {
   CUstream stream = nullptr;
   CUcontext context = nullptr;  // device 0's primary context, the one torch uses
   std::string broken;  // set by an error that leaves the CUDA context unusable
-  // CUDA graphs: the stream they are captured on (the model's own) and their instances
-  CUstream capture_stream = nullptr;
+  // CUDA graphs: their instances, and an event that orders streams around a recording
   CUevent joined = nullptr;  // orders one stream behind another's work so far
   std::vector<CUgraphExec> graphs;
   // the end of the last run, and its stream: a run on another stream waits for it
@@ -194,7 +194,6 @@ void close(Device* device) {
   for (CUgraphExec g : device->graphs) d.cuGraphExecDestroy(g);
   if (device->joined != nullptr) d.cuEventDestroy(device->joined);
   if (device->finished != nullptr) d.cuEventDestroy(device->finished);
-  if (device->capture_stream != nullptr) d.cuStreamDestroy(device->capture_stream);
   for (CUmodule m : device->modules) d.cuModuleUnload(m);
   delete device;
 }
@@ -266,13 +265,22 @@ void copy_on_device(Device& device, void* dst, const void* src, size_t bytes) {
 
 // -- CUDA graphs -----------------------------------------------------------------------------
 
+// Note: one capture stream for the process, never destroyed, recorded on by one model at a time
+// (recording_lock). The calls a recording runs directly on it (matmuls) make torch keep a cuBLAS
+// workspace for it, per thread, for as long as the process lives: a stream per model left one
+// behind (tens of MB) at every model's destruction.
+std::mutex& recording_lock() {
+  static std::mutex lock;
+  return lock;
+}
+
 void* capture_stream(Device& device) {
   const Driver& d = driver();
-  if (device.capture_stream == nullptr)
-    check_on(device, d.cuStreamCreate(&device.capture_stream, kStreamNonBlocking), "creating the model's capture stream");
+  static CUstream shared = nullptr;  // guarded by recording_lock()
+  if (shared == nullptr) check_on(device, d.cuStreamCreate(&shared, kStreamNonBlocking), "creating the capture stream");
   if (device.joined == nullptr)
     check_on(device, d.cuEventCreate(&device.joined, kEventDisableTiming), "creating a CUDA event");
-  return device.capture_stream;
+  return shared;
 }
 
 void wait_for(Device& device, void* waiting, void* on) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "kiln_runtime.h"
@@ -47,8 +48,10 @@ void end_run(Device& device);
 // Copies `bytes` between two places of device memory on the device's stream.
 void copy_on_device(Device& device, void* dst, const void* src, size_t bytes);
 
-// CUDA graphs (kiln_replay.cpp). Capture happens on a stream of the model's own (made on first
-// use); each ended capture is instantiated and kept by its index until the model is closed.
+// CUDA graphs (kiln_replay.cpp). Capture happens on the process's capture stream (made on first
+// use), held by one recording at a time (recording_lock); each ended capture is instantiated
+// and kept by its index until the model is closed.
+std::mutex& recording_lock();
 void* capture_stream(Device& device);
 // Makes stream `waiting` wait for the work queued on stream `on` so far.
 void wait_for(Device& device, void* waiting, void* on);

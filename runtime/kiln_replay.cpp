@@ -92,10 +92,11 @@ void Replay::run(cuda::Device& device, const std::function<void()>& main) {
 }
 
 // Note: the first run records. The caller's stream may be the legacy default stream, which
-// cannot be captured, so the capture runs on a stream of the model's own, ordered behind the
-// caller's work and the caller's behind it. A direct run on that stream comes first: it makes
-// the stream's cuBLAS workspace and loads every kernel's module, which a capture cannot do.
+// cannot be captured, so the capture runs on the process's capture stream, ordered behind the
+// caller's work and the caller's behind it. A direct run on that stream comes first: it loads
+// every kernel's module, which a capture cannot do.
 void Replay::record(cuda::Device& device, const std::function<void()>& main) {
+  std::lock_guard<std::mutex> recording(cuda::recording_lock());
   void* caller = cuda::stream(device);
   void* own = nullptr;
   try {

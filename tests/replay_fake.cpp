@@ -33,6 +33,10 @@ void set_stream(Device& d, void* s) { d.stream = s; }
 void* stream(Device& d) { return d.stream; }
 StreamGuard::StreamGuard(void* s, int32_t) : handle(s) {}
 StreamGuard::~StreamGuard() = default;
+std::mutex& recording_lock() {
+  static std::mutex lock;
+  return lock;
+}
 void* capture_stream(Device&) { return reinterpret_cast<void*>(0x2); }
 void wait_for(Device&, void* waiting, void* on) { note("wait " + name(waiting) + " on " + name(on)); }
 void begin_capture(Device& d) {

@@ -131,7 +131,6 @@ struct Device {
   std::vector<CUgraphExec> graphs;
   // the end of the last run, and its stream: a run on another stream waits for it
   CUevent finished = nullptr;
-  CUstream last = nullptr;
   bool ran = false;
 };
 
@@ -236,14 +235,18 @@ bool capturing(Device& device, void* stream) {
   usable(device);
   int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
   CUresult r = driver().cuStreamIsCapturing(static_cast<CUstream>(stream), &status);
-  if (r == kCaptureImplicit) return true;  // the legacy stream, while a blocking one is captured
+  if (r == kCaptureImplicit)
+    fail("this run is on the legacy default stream while another stream is being captured into a CUDA "
+         "graph; run the model on a stream of its own (torch.cuda.stream, or kiln_model_run_on_stream)");
   return r == 0 && status != 0;  // a question: its failure is not the run's (a launch says more)
 }
 
 // Note: a model's buffers (arenas, staging, the graphs' inputs and outputs) are reused by its
 // next run; one queued on another stream than the last must not start before the last ends.
+// Every run waits (on the same stream the wait is already satisfied): a stream handle may be
+// reused once its stream is destroyed, so comparing handles proves nothing.
 void begin_run(Device& device) {
-  if (!device.ran || device.last == device.stream) return;
+  if (!device.ran) return;  // (waiting on the same stream's event costs next to nothing)
   check_on(device, driver().cuStreamWaitEvent(device.stream, device.finished, 0), "ordering a run behind the last");
 }
 
@@ -252,7 +255,6 @@ void end_run(Device& device) {
   if (device.finished == nullptr)
     check_on(device, d.cuEventCreate(&device.finished, kEventDisableTiming), "creating a CUDA event");
   check_on(device, d.cuEventRecord(device.finished, device.stream), "recording the end of a run");
-  device.last = device.stream;
   device.ran = true;
 }
 

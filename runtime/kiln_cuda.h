@@ -40,8 +40,8 @@ void copy_to_host(Device& device, void* host, const void* src, size_t bytes);
 // Whether `stream` is being captured into a CUDA graph (by the caller: torch.cuda.graph, say).
 bool capturing(Device& device, void* stream);
 
-// A run's start on the device's current stream (ordered behind the last run where that ran on
-// another stream) and its end (recorded for the next one).
+// A run's start on the device's current stream (ordered behind the end of the last run, on
+// whatever stream that ran) and its end (recorded for the next one). Under the model's lock.
 void begin_run(Device& device);
 void end_run(Device& device);
 

@@ -2,6 +2,7 @@
 #include "kiln_replay.h"
 
 #include <exception>
+#include <mutex>
 #include <string>
 
 namespace kiln {
@@ -96,13 +97,14 @@ void Replay::run(cuda::Device& device, const std::function<void()>& main) {
 // caller's work and the caller's behind it. A direct run on that stream comes first: it loads
 // every kernel's module, which a capture cannot do.
 void Replay::record(cuda::Device& device, const std::function<void()>& main) {
-  std::lock_guard<std::mutex> recording(cuda::recording_lock());
+  std::unique_lock<std::mutex> recording(cuda::recording_lock());
   void* caller = cuda::stream(device);
   void* own = nullptr;
   try {
     own = cuda::capture_stream(device);
   } catch (const std::exception& e) {
     turn_off(std::string("no stream to capture on (") + e.what() + "); the model runs its calls directly");
+    recording.unlock();
     Active none(nullptr);
     return main();
   }
@@ -128,6 +130,7 @@ void Replay::record(cuda::Device& device, const std::function<void()>& main) {
       turn_off("a capture failed (" + what_failed() + "); the model runs its calls directly");
     }
   }
+  recording.unlock();
   if (!recorded_) {
     Active none(nullptr);
     main();  // this run's results, from direct calls

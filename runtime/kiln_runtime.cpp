@@ -617,8 +617,11 @@ void run(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTe
          size_t num_outputs, void* stream, bool stream_given) {
   if (!on_gpu()) {
     if (stream_given && stream != nullptr) throw Error(KILN_BAD_ARGUMENT, "a cpu model takes no CUDA stream");
+    std::lock_guard<std::mutex> lock(ctx.running);
     return run_graphs(ctx, inputs, num_inputs, outputs, num_outputs);
   }
+  // Note: the whole run holds the model, its stream and its order behind the last run included.
+  std::lock_guard<std::mutex> lock(ctx.running);
   cuda::check_usable(*ctx.gpu);
   if (!stream_given) stream = cuda::torch_current_stream();
   cuda::StreamGuard guard(stream, 0);
@@ -640,7 +643,10 @@ void run(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTe
     throw;
   }
   running_device = nullptr;
-  if (!captured) cuda::end_run(*ctx.gpu);
+  try {
+    if (!captured) cuda::end_run(*ctx.gpu);
+  } catch (...) {  // the run is queued and its outputs handed over; the next run says what broke
+  }
 }
 
 // captured: the caller captures its stream, so the run launches directly (into its graph).
@@ -654,7 +660,6 @@ void run_graphs(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs,
                                        std::to_string(num_outputs) + " output slots");
   if (num_inputs > 0 && inputs == nullptr) throw Error(KILN_BAD_ARGUMENT, "inputs is NULL");
   if (num_outputs > 0 && outputs == nullptr) throw Error(KILN_BAD_ARGUMENT, "outputs is NULL");
-  std::lock_guard<std::mutex> lock(ctx.running);
   const bool graphs = on_gpu() && ctx.replay.on() && !captured;
   std::vector<void*> args(program.num_inputs + program.num_weights);
   for (size_t i = 0; i < num_inputs; ++i) args[i] = graphs ? graph_input(ctx, i, inputs[i]) : input_data(ctx, i, inputs[i]);
@@ -842,9 +847,11 @@ const int64_t* kiln_model_output_strides(const KilnModel*, size_t i) {
 const char* kiln_model_target(void) { return kiln::program.target; }
 
 const char* kiln_model_replay(const KilnModel* model) {
+  thread_local std::string said;  // the caller's copy, as kiln_last_error's
   if (model == nullptr) return "";
   std::lock_guard<std::mutex> lock(const_cast<KilnModel*>(model)->ctx.running);  // not during a run
-  return model->ctx.replay.describe().c_str();
+  said = model->ctx.replay.describe();
+  return said.c_str();
 }
 
 }  // extern "C"

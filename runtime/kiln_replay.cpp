@@ -119,6 +119,8 @@ void Replay::record(cuda::Device& device, const std::function<void()>& main) {
       main();
       close_segment();
       recorded_ = true;
+      // with nothing captured, replay would only add the copies of inputs and outputs
+      if (graphs_ == 0) turn_off("nothing to capture: every GPU call of the model is a call into torch");
     } catch (...) {
       // Note: only a failure inside a capture turns replay off for good; one of a call run
       // directly (out of memory in attention, say) is this run's, and the next run records again.

@@ -123,6 +123,15 @@ void direct_call_fails() {
   print("records again", replay.describe());
 }
 
+void nothing_to_capture() {
+  kiln::Replay replay;
+  kiln::cuda::Device device;
+  const std::vector<Call> externs = {{false, "mm"}, {false, "attention"}};
+  replay.run(device, [&] { run_calls(externs); });
+  replay.run(device, [&] { run_calls(externs); });
+  print("nothing", replay.describe());
+}
+
 void turned_off() {
   kiln::Replay replay;
   kiln::cuda::Device device;
@@ -137,6 +146,7 @@ int main() {
   record_then_replay();
   capture_refused();
   direct_call_fails();
+  nothing_to_capture();
   turned_off();
   return 0;
 }

@@ -63,5 +63,13 @@ def test_a_direct_call_that_fails_while_recording_fails_the_run_only(logs: dict[
     assert logs["records again"][-1].startswith("on: 2 CUDA graphs")
 
 
+def test_a_model_with_nothing_to_capture_turns_replay_off_after_its_first_run(
+        logs: dict[str, list[str]]) -> None:
+    calls = ["ran mm", "ran attention"]
+    assert logs["nothing"] == [
+        "wait own on caller", *calls, *calls, "wait caller on own", *calls,
+        "off: nothing to capture: every GPU call of the model is a call into torch"]
+
+
 def test_replay_turned_off_runs_every_call(logs: dict[str, list[str]]) -> None:
     assert logs["off"] == [*CALLS, "off: KILN_CREATE_NO_GRAPHS"]

@@ -29,10 +29,11 @@ for arg in "$@"; do
 done
 out=${OUT:?run on the device machine, where \$OUT is set}
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt" 2>&1
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1)
 
 if [ "$tests" = 1 ]; then
-    (timeout $((limit - 10)) make test-gpu GPU_TEST_ARGS="--jobs 6 --logs /tmp/gpu-tests" > "$out/test-gpu.log" 2>&1
+    (echo "on: $gpu" > "$out/test-gpu.log"
+     timeout $((limit - 10)) make test-gpu GPU_TEST_ARGS="--jobs 6 --logs /tmp/gpu-tests" >> "$out/test-gpu.log" 2>&1
      echo "exit $?" >> "$out/test-gpu.log") &
 fi
 
@@ -45,12 +46,14 @@ if [ -f "build-zoo/$results" ]; then
     cp "build-zoo/$results" /tmp/zoo/results.jsonl
     resume=(--resume)
 fi
+echo "on: $gpu" > "$out/zoo.log"
 KILN_SERVER=0 timeout $((limit - 10)) python3 scripts/zoo.py --target cuda --dtype "$dtype" --latency \
     --timeout $((limit / 3)) --deadline $((limit * 6 / 10)) --out /tmp/zoo "${resume[@]}" "${zoo_args[@]}" \
-    > "$out/zoo.log" 2>&1
+    >> "$out/zoo.log" 2>&1
 cp /tmp/zoo/results.jsonl "$out/zoo/$results" 2>/dev/null
 wait
-# Note: what comes back from $OUT is limited in its count of files, so the logs travel as one
+# Note: what comes back from $OUT is limited in its count of files (8 came back, on 2026-12-07;
+# the zoo's results were left out behind a call's other files), so the logs travel as one
 # archive each (a run's results.jsonl was once left out behind 47 test logs).
 tar -czf "$out/zoo/logs.tgz" -C /tmp/zoo logs 2>/dev/null
 [ -d /tmp/gpu-tests ] && tar -czf "$out/gpu-tests.tgz" -C /tmp gpu-tests

@@ -3,7 +3,8 @@
 
 For each model (default: mlp bert gpt2 resnet18), compiled once for cuda (a cache of the run's
 own), in one process: the latency of kiln's model.so with direct launches (graphs=False) and
-with its runs replayed as CUDA graphs (the default), and of torch.compile in mode
+with its runs replayed as CUDA graphs of its kernels only (KILN_CUDA_GRAPHS=kernels) and of its
+kernels and calls into torch (the default), and of torch.compile in mode
 "reduce-overhead" (CUDA graphs too) and the default mode, on the same module (the kiln build's
 weights) and inputs. Each latency is the median of --runs calls, each timed with CUDA events
 from an idle GPU, so the host's launch time shows; the error is the largest abs difference
@@ -64,7 +65,8 @@ def bench_model(name: str, root: Path, runs: int, with_torch: bool) -> dict[str,
     model = eager_model(config, out).cuda()
     inputs = tuple(v.cuda() for v in random_inputs(config, 1))
     engines: dict[str, Callable[..., Any]] = {
-        "kiln direct": load(out, graphs=False), "kiln replay": load(out, graphs=True)}
+        "kiln direct": load(out, graphs=False), "kiln replay kernels": _kernels_only(out),
+        "kiln replay": load(out, graphs=True)}
     if with_torch:
         engines["torch.compile"] = torch.compile(model)
         engines["torch.compile:reduce-overhead"] = torch.compile(model, mode="reduce-overhead")
@@ -77,6 +79,19 @@ def bench_model(name: str, root: Path, runs: int, with_torch: bool) -> dict[str,
             row[f"{engine} error"] = max_error(fn(*inputs), want)
     row["replay"] = engines["kiln replay"].replay  # type: ignore[attr-defined]
     return row
+
+
+def _kernels_only(out: Path) -> Any:
+    """The build replayed with only kiln's kernels in its graphs (KILN_CUDA_GRAPHS=kernels)."""
+    import os
+
+    from kiln.loader import load
+
+    os.environ["KILN_CUDA_GRAPHS"] = "kernels"
+    try:
+        return load(out)
+    finally:
+        del os.environ["KILN_CUDA_GRAPHS"]
 
 
 def main(argv: list[str]) -> int:

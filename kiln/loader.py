@@ -19,6 +19,7 @@ from typing import Any
 from cache.hashing import digest_data
 from contract.errors import KilnError
 from contract.return_types import register_named_in
+from kiln.cuda_pool import HOOK, TorchPool
 from pipeline.integrity import (
     MODEL_SO,
     WEIGHTS,
@@ -73,6 +74,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     if hasattr(lib, "kiln_model_replay"):  # a model.so from before CUDA graphs has none
         lib.kiln_model_replay.argtypes = [model]
         lib.kiln_model_replay.restype = ctypes.c_char_p
+    if hasattr(lib, "kiln_model_set_pool_hook"):  # nor this, from before torch's calls were captured
+        lib.kiln_model_set_pool_hook.argtypes = [model, HOOK, ctypes.c_void_p]
+        lib.kiln_model_set_pool_hook.restype = ctypes.c_int
     lib.aoti_torch_delete_tensor_object.argtypes = [ctypes.c_void_p]
 
 
@@ -139,7 +143,8 @@ class CompiledModel:
             raise KilnError(f"{build_dir / MODEL_SO} has ABI version {version}; kiln loads {ABI_VERSION}",
                             "recompile the model with this version of kiln")
         handle = ctypes.c_void_p()
-        flags = (0 if verify else _CREATE_NO_VERIFY) | (0 if graphs_wanted(graphs) else _CREATE_NO_GRAPHS)
+        mode = graphs_mode(graphs)
+        flags = (0 if verify else _CREATE_NO_VERIFY) | (0 if mode != "off" else _CREATE_NO_GRAPHS)
         weights = str(build_dir / WEIGHTS).encode()
         status = self._lib.kiln_model_create_with(weights, flags, ctypes.byref(handle))
         if status != 0:
@@ -151,6 +156,7 @@ class CompiledModel:
         self.inputs = self._infos("input")
         self.outputs = self._infos("output")
         self.target = self._lib.kiln_model_target().decode()
+        self._pool = self._pool_hook() if mode == "all" and self.target == "cuda" else None
         self._out_spec = _out_spec(manifest.model.out_spec, len(self.outputs))
 
     @property
@@ -160,6 +166,16 @@ class CompiledModel:
         if not hasattr(self._lib, "kiln_model_replay"):
             return "off: this model.so predates CUDA graphs (recompile it)"
         return str(self._lib.kiln_model_replay(self._handle).decode())
+
+    def _pool_hook(self) -> TorchPool | None:
+        """The pool hook that lets the model's CUDA graphs hold its calls into torch too
+        (kiln/cuda_pool.py), kept alive as long as the model."""
+        if not hasattr(self._lib, "kiln_model_set_pool_hook"):
+            return None
+        pool = TorchPool()
+        if self._lib.kiln_model_set_pool_hook(self._handle, pool.callback, None) != 0:
+            raise KilnError(f"cannot set the model's pool hook: {self._error()}")
+        return pool
 
     def _error(self) -> str:
         return str(self._lib.kiln_last_error().decode(errors="replace"))
@@ -241,19 +257,24 @@ def _unflatten(flat: list[Any], spec: Any) -> Any:
     return _pytree.tree_unflatten(flat, spec)
 
 
-def graphs_wanted(graphs: bool | None) -> bool:
-    """Whether a cuda model replays its runs as CUDA graphs: `graphs`, else KILN_CUDA_GRAPHS
-    ("0" turns them off), else yes."""
+def graphs_mode(graphs: bool | None) -> str:
+    """How a cuda model replays its runs: "all" (CUDA graphs of its kernels and its calls into
+    torch), "kernels" (of its kernels; calls into torch run directly between them) or "off".
+    `graphs` if given (True: "all"), else KILN_CUDA_GRAPHS ("0" off, "kernels"), else "all"."""
     if graphs is not None:
-        return graphs
-    return os.environ.get("KILN_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
+        return "all" if graphs else "off"
+    said = os.environ.get("KILN_CUDA_GRAPHS", "1").strip().lower()
+    if said in ("0", "false", "no", "off"):
+        return "off"
+    return "kernels" if said == "kernels" else "all"
 
 
 def load(build_dir: Path | str, *, verify: bool = True, graphs: bool | None = None) -> CompiledModel:
     """The build in build_dir, checked against its model.json first: the sizes of model.so and
     the weights always, their digests unless verify=False (see pipeline/integrity.py). A cuda
     model's first run records its launches as CUDA graphs that later runs replay, unless
-    graphs=False (or KILN_CUDA_GRAPHS=0): see CompiledModel.replay."""
+    graphs=False (or KILN_CUDA_GRAPHS=0; KILN_CUDA_GRAPHS=kernels leaves calls into torch out of
+    them): see CompiledModel.replay."""
     path = Path(build_dir)
     if not (path / MODEL_SO).is_file():
         raise KilnError(f"{path} has no {MODEL_SO}", "compile the model first: kiln compile MODEL --out DIR")

@@ -65,8 +65,9 @@ int kiln_model_create(const char* weights_path, KilnModel** model);
  * parsed, bounds-checked and matched against the model by name, dtype and shape). */
 #define KILN_CREATE_NO_VERIFY 1u
 /* KILN_CREATE_NO_GRAPHS: a cuda model launches every kernel from the host at every run. Without
- * it, its first run records its kernels' launches as CUDA graphs and later runs replay them
- * (calls into torch, matmuls included, still run directly): kiln_model_replay says how. */
+ * it, its first run records its launches as CUDA graphs and later runs replay them; calls into
+ * torch (matmuls, convolutions, attention) join the graphs only where a pool hook is set (below),
+ * else they run directly between them: kiln_model_replay says how. */
 #define KILN_CREATE_NO_GRAPHS 2u
 int kiln_model_create_with(const char* weights_path, unsigned flags, KilnModel** model);
 void kiln_model_destroy(KilnModel* model);
@@ -104,6 +105,29 @@ const int64_t* kiln_model_output_strides(const KilnModel* model, size_t index);
 
 /* The target the model was compiled for: "cpu" or "cuda". */
 const char* kiln_model_target(void);
+
+/* A cuda model's calls into torch (matmul, convolution, attention) allocate through torch's
+ * caching allocator and use torch's cuBLAS workspace. In a CUDA graph, every such byte must stay
+ * the graph's for as long as the graph lives, which needs the allocator's private pools (what
+ * torch.cuda.graph uses), out of reach of torch's C shim. A host that reaches them sets a hook,
+ * called on the thread of the recording run:
+ *   KILN_POOL_BEGIN   before the recording run: this thread's allocations go to a pool of the
+ *                     model's own from now on, and torch's cuBLAS workspaces are cleared (so the
+ *                     run makes its own in the pool);
+ *   KILN_POOL_END     after it: allocations go where they went before, and cuBLAS workspaces are
+ *                     cleared again (so none in the pool is handed to a later call);
+ *   KILN_POOL_RELEASE when the model is destroyed, after its graphs: the pool may go.
+ * BEGIN and END come in pairs, once per recording (a run that fails records again); RELEASE comes
+ * once, if BEGIN ever came. The hook returns 0, or non-zero for a failure (replay then turns off
+ * for the model). kiln's Python loader sets one (torch.cuda.MemPool and use_mem_pool); a C++
+ * host with libtorch can call c10::cuda::CUDACachingAllocator::beginAllocateToPool,
+ * endAllocateToPool and releasePool. Set it before the model's first run. Without a hook, calls
+ * into torch run directly between the graphs. A cpu model takes no hook (KILN_BAD_ARGUMENT). */
+#define KILN_POOL_BEGIN 1
+#define KILN_POOL_END 2
+#define KILN_POOL_RELEASE 3
+typedef int (*KilnPoolHook)(void* context, int event);
+int kiln_model_set_pool_hook(KilnModel* model, KilnPoolHook hook, void* context);
 
 /* How the model's runs launch their work: "off: <why>" (a cpu model, KILN_CREATE_NO_GRAPHS,
  * control flow, a capture that failed), or "on: ..." with its CUDA graphs and the calls that run

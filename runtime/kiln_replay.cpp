@@ -2,6 +2,7 @@
 #include "kiln_replay.h"
 
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -59,6 +60,52 @@ struct OnStream {
 }  // namespace
 
 bool replayed(bool capturable, const char* what) { return active != nullptr && active->replayed(capturable, what); }
+bool replayed_torch(const char* what) {
+  return active != nullptr && active->replayed(active->captures_torch(), what);
+}
+
+void PoolHook::set(KilnPoolHook hook, void* context) {
+  if (begun_) fail("a pool hook is set before the model's first run, not after it");
+  hook_ = hook;
+  context_ = context;
+}
+
+void PoolHook::call(int event) {
+  if (hook_ == nullptr) return;
+  if (event == KILN_POOL_BEGIN) begun_ = true;  // whatever the hook did, the pool is released at the end
+  if (hook_(context_, event) != 0)
+    fail(std::string("the host's pool hook failed at ") + (event == KILN_POOL_BEGIN ? "KILN_POOL_BEGIN" : "KILN_POOL_END"));
+}
+
+PoolHook::~PoolHook() {
+  if (hook_ != nullptr && begun_) hook_(context_, KILN_POOL_RELEASE);  // a failure here has no one to tell
+}
+
+namespace {
+// The pool hook's BEGIN for a scope; its END when the scope ends, or at end() (which throws).
+class PoolScope {
+ public:
+  explicit PoolScope(PoolHook* pool) : pool_(pool) {
+    if (pool_ != nullptr) pool_->call(KILN_POOL_BEGIN);
+  }
+  ~PoolScope() {
+    try {
+      end();
+    } catch (...) {  // a destructor must not throw; the run's own error, if any, is the one to say
+    }
+  }
+  PoolScope(const PoolScope&) = delete;
+  PoolScope& operator=(const PoolScope&) = delete;
+  void end() {
+    PoolHook* pool = pool_;
+    pool_ = nullptr;
+    if (pool != nullptr) pool->call(KILN_POOL_END);
+  }
+
+ private:
+  PoolHook* pool_;
+};
+}  // namespace
 
 namespace {
 // The message of the exception being handled.
@@ -112,30 +159,47 @@ void Replay::record(cuda::Device& device, const std::function<void()>& main) {
   {
     Join join(device, caller, own);  // destroyed after on_own: the caller's stream is current again
     OnStream on_own(device, own);
-    mode_ = Mode::kDirect;
-    main();  // a failure here is the run's own: it propagates, and the next run records again
-    mode_ = Mode::kRecord;
-    try {
-      main();
-      close_segment();
-      recorded_ = true;
-      // with nothing captured, replay would only add the copies of inputs and outputs
-      if (graphs_ == 0) turn_off("nothing to capture: every GPU call of the model is a call into torch");
-    } catch (...) {
-      // Note: only a failure inside a capture turns replay off for good; one of a call run
-      // directly (out of memory in attention, say) is this run's, and the next run records again.
-      const bool in_capture = capturing_ || in_graph_call_;
-      in_graph_call_ = false;
-      if (in_capture) cuda::abandon_capture(device);
-      forget();
-      if (!in_capture) throw;
-      turn_off("a capture failed (" + what_failed() + "); the model runs its calls directly");
-    }
+    record_pooled(main);
   }
   recording.unlock();
   if (!recorded_) {
     Active none(nullptr);
     main();  // this run's results, from direct calls
+  }
+}
+
+// The recording: a direct run, then the captured one, both inside the pool hook's BEGIN and END
+// where there is a hook. Note: the direct run allocates in the pool too, so the capture finds
+// the blocks it needs already there (no cudaMalloc inside it), cuBLAS's workspace among them.
+void Replay::record_pooled(const std::function<void()>& main) {
+  std::unique_ptr<PoolScope> pool;
+  try {
+    pool = std::make_unique<PoolScope>(captures_torch() ? pool_ : nullptr);
+  } catch (...) {
+    turn_off("the pool hook failed (" + what_failed() + "); the model runs its calls directly");
+    return;
+  }
+  mode_ = Mode::kDirect;
+  main();  // a failure here is the run's own: it propagates, and the next run records again
+  mode_ = Mode::kRecord;
+  try {
+    main();
+    close_segment();
+    in_graph_call_ = true;  // a pool hook that fails at its end leaves graphs of unknown memory
+    pool->end();
+    in_graph_call_ = false;
+    recorded_ = true;
+    // with nothing captured, replay would only add the copies of inputs and outputs
+    if (graphs_ == 0) turn_off("nothing to capture: every GPU call of the model runs directly");
+  } catch (...) {
+    // Note: only a failure inside a capture turns replay off for good; one of a call run
+    // directly (out of memory in attention, say) is this run's, and the next run records again.
+    const bool in_capture = capturing_ || in_graph_call_;
+    in_graph_call_ = false;
+    if (in_capture) cuda::abandon_capture(*device_);
+    forget();
+    if (!in_capture) throw;
+    turn_off("a capture failed (" + what_failed() + "); the model runs its calls directly");
   }
 }
 
@@ -197,8 +261,10 @@ const std::string& Replay::describe() const {
   for (const Call& c : calls_) captured += c.segment >= 0 ? 1 : 0;
   description_ = "on: " + std::to_string(graphs_) + " CUDA graph" + (graphs_ == 1 ? "" : "s") + " of " +
                  std::to_string(captured) + " calls; inputs and outputs copied to and from the model's own buffers";
+  if (captures_torch()) description_ += "; calls into torch captured, their memory in the model's pool";
   if (!direct_.empty()) {
-    description_ += "; run directly (torch allocates for them, or they use its cuBLAS workspace):";
+    description_ += captures_torch() ? "; run directly (fallback ops, reads on the host):"
+                                     : "; run directly (no pool hook for torch's allocations):";
     const char* separator = " ";
     for (const auto& [what, n] : direct_) {
       description_ += separator + what + " x" + std::to_string(n);

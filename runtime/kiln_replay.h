@@ -12,11 +12,13 @@
 //
 // Note: a call may be captured only if every byte it writes stays the model's: memory torch's
 // caching allocator hands out during a capture goes back to its pool when the call frees it,
-// while the graph keeps writing it at every replay, over whatever torch gave it to next
-// (torch.cuda.graph uses a private pool for this, which the stable C shim does not reach); and
+// while the graph keeps writing it at every replay, over whatever torch gave it to next; and
 // cuBLAS's workspace is torch's, freed by any clearCublasWorkspaces (every torch.cuda.graph
-// capture calls it). So kiln's own kernels and its copies are captured; matmuls, attention,
-// convolution and fallbacks run directly.
+// capture calls it). So kiln's own kernels and its copies are always captured, and calls into
+// torch (matmuls, attention, convolution) only where the host set a pool hook (kiln_model.h:
+// kiln_model_set_pool_hook), which routes the recording run's allocations, cuBLAS's workspace
+// among them, to a pool of the model's own, as torch.cuda.graph does. Fallback ops and reads of
+// the GPU on the host always run directly.
 #pragma once
 
 #include <cstddef>
@@ -26,11 +28,35 @@
 #include <vector>
 
 #include "kiln_cuda.h"
+#include "kiln_model.h"
 
 namespace kiln {
 
+// The host's pool hook (kiln_model.h), and whether it ever began: the model's destruction, after
+// its graphs', releases the pool then.
+class PoolHook {
+ public:
+  PoolHook() = default;
+  ~PoolHook();
+  PoolHook(const PoolHook&) = delete;
+  PoolHook& operator=(const PoolHook&) = delete;
+  void set(KilnPoolHook hook, void* context);
+  bool set() const { return hook_ != nullptr; }
+  // Calls the hook with KILN_POOL_BEGIN or KILN_POOL_END; throws kiln::Error where it fails.
+  void call(int event);
+
+ private:
+  KilnPoolHook hook_ = nullptr;
+  void* context_ = nullptr;
+  bool begun_ = false;
+};
+
 class Replay {
  public:
+  // The pool hook the recording run uses (owned by the model, outliving its graphs), if any.
+  void use_pool(PoolHook* pool) { pool_ = pool; }
+  // Whether calls into torch are captured: a pool hook is set.
+  bool captures_torch() const { return pool_ != nullptr && pool_->set(); }
   // Replay is off for good, and says why ("KILN_CREATE_NO_GRAPHS", "control flow ...").
   void turn_off(const std::string& why);
   bool on() const { return why_off_.empty(); }
@@ -51,9 +77,11 @@ class Replay {
     bool first;    // the first call of its segment: it launches the graph
   };
   void record(cuda::Device& device, const std::function<void()>& main);
+  void record_pooled(const std::function<void()>& main);
   void close_segment();
   void forget();
 
+  PoolHook* pool_ = nullptr;
   std::string why_off_;
   mutable std::string description_;
   Mode mode_ = Mode::kDirect;
@@ -70,5 +98,8 @@ class Replay {
 // The wrapper's question (see Replay::replayed) for the run on this thread: false where there
 // is none (a cpu model, or replay off).
 bool replayed(bool capturable, const char* what);
+// The same for a call into torch (a matmul, a convolution, attention): capturable where the
+// run's replay has a pool hook.
+bool replayed_torch(const char* what);
 
 }  // namespace kiln

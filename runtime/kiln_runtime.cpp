@@ -189,7 +189,7 @@ Tensor view(void* data, DType dtype, std::initializer_list<int64_t> sizes,
 // writing the freed memory. Capturing matmuls waits for a workspace of the model's own.
 void mm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
   if (on_gpu()) {
-    replayed(false, "mm");
+    if (replayed_torch("mm")) return;
     return check(gpu_fn(aoti_torch_cuda_mm_out)(out.get(), a.get(), b.get()), what);
   }
   check(aoti_torch_cpu_mm_out(out.get(), a.get(), b.get()), what);
@@ -197,7 +197,7 @@ void mm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
 
 void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
   if (on_gpu()) {
-    replayed(false, "bmm");
+    if (replayed_torch("bmm")) return;
     return check(gpu_fn(aoti_torch_cuda_bmm_out)(out.get(), a.get(), b.get()), what);
   }
   check(aoti_torch_cpu_bmm_out(out.get(), a.get(), b.get()), what);
@@ -206,7 +206,7 @@ void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) 
 void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta, double alpha,
                   const char* what) {
   if (on_gpu()) {
-    replayed(false, "addmm");
+    if (replayed_torch("addmm")) return;
     return check(gpu_fn(aoti_torch_cuda_addmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
   }
   check(aoti_torch_cpu_addmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
@@ -215,7 +215,7 @@ void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor&
 void baddbmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b, double beta,
                     double alpha, const char* what) {
   if (on_gpu()) {
-    replayed(false, "baddbmm");
+    if (replayed_torch("baddbmm")) return;
     return check(gpu_fn(aoti_torch_cuda_baddbmm_out)(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
   }
   check(aoti_torch_cpu_baddbmm_out(out.get(), bias.get(), a.get(), b.get(), beta, alpha), what);
@@ -230,7 +230,7 @@ void convolution(const Tensor& out, const Tensor& x, const Tensor& w, const Tens
                         std::initializer_list<int64_t> stride, std::initializer_list<int64_t> padding,
                         std::initializer_list<int64_t> dilation, bool transposed,
                         std::initializer_list<int64_t> output_padding, int64_t groups, const char* what) {
-  if (on_gpu()) replayed(false, "convolution");
+  if (on_gpu() && replayed_torch("convolution")) return;
   AtenTensorHandle b = bias != nullptr ? bias->get() : nullptr;
   AtenTensorHandle ret = nullptr;
   auto conv = on_gpu() ? gpu_fn(aoti_torch_cuda_convolution) : aoti_torch_cpu_convolution;
@@ -311,7 +311,7 @@ Tensor attention_bias(const Tensor& mask, const Tensor& q, const Tensor& k, cons
 
 void attention_on_gpu(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask,
                       double dropout_p, bool is_causal, const double* scale, const char* what) {
-  replayed(false, "attention");
+  if (replayed_torch("attention")) return;
   Tensor bias;
   if (mask != nullptr) bias = attention_bias(*mask, q, k, what);
   AtenTensorHandle m = mask != nullptr ? bias.get() : nullptr;
@@ -355,11 +355,12 @@ struct Context {
   struct CloseDevice {
     void operator()(cuda::Device* d) const { cuda::close(d); }
   };
+  PoolHook pool;  // before gpu: destroyed after it (and its graphs), it releases the pool last
   std::unique_ptr<cuda::Device, CloseDevice> gpu;
   std::vector<Tensor> gpu_blocks;  // weights, arenas, scratch and input staging on the GPU
   std::vector<char*> gpu_staging;  // per input, or null until needed
   std::vector<void*> write_blocks;  // per program.writes entry: where the main graph leaves its value
-  Replay replay;  // cuda: the model's launches as CUDA graphs (kiln_replay.h)
+  Replay replay;  // cuda: the model's launches as CUDA graphs (kiln_replay.h), using `pool`
   std::vector<char*> graph_outputs;  // per output: where the graphs write it (made on the first run)
 };
 
@@ -716,6 +717,7 @@ void configure_replay(Context& ctx, unsigned flags) {
     ctx.replay.turn_off("KILN_CREATE_NO_GRAPHS");
   else if (program.num_arenas > 1)
     ctx.replay.turn_off("the model's control flow (cond, while_loop) decides on the host");
+  ctx.replay.use_pool(&ctx.pool);
 }
 
 std::string& last_error() {
@@ -845,6 +847,15 @@ const int64_t* kiln_model_output_strides(const KilnModel*, size_t i) {
 }
 
 const char* kiln_model_target(void) { return kiln::program.target; }
+
+int kiln_model_set_pool_hook(KilnModel* model, KilnPoolHook hook, void* context) {
+  return kiln::guarded([&] {
+    if (model == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "model is NULL");
+    if (!kiln::on_gpu()) throw kiln::Error(KILN_BAD_ARGUMENT, "a cpu model has no CUDA graphs to take a pool hook");
+    std::lock_guard<std::mutex> lock(model->ctx.running);
+    model->ctx.pool.set(hook, context);
+  });
+}
 
 const char* kiln_model_replay(const KilnModel* model) {
   thread_local std::string said;  // the caller's copy, as kiln_last_error's

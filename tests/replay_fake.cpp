@@ -61,15 +61,18 @@ namespace {
 
 using kiln::cuda::events;
 
+enum Kind { kKernel, kTorch, kHost };  // kiln's own; a call into torch; a read on the host
+
 struct Call {
-  bool capturable;
+  Kind kind;
   const char* what;
 };
 
 // The wrapper's main graph: each call asks replayed() and runs where told to.
 void run_calls(const std::vector<Call>& calls, const char* fail_at = nullptr) {
   for (const Call& c : calls) {
-    if (kiln::replayed(c.capturable, c.what)) continue;
+    bool skip = c.kind == kTorch ? kiln::replayed_torch(c.what) : kiln::replayed(c.kind == kKernel, c.what);
+    if (skip) continue;
     if (fail_at != nullptr && std::string(fail_at) == c.what) throw std::runtime_error(std::string(c.what) + " failed");
     events.push_back(std::string("ran ") + c.what);
   }
@@ -82,7 +85,8 @@ void print(const char* scenario, const std::string& tail) {
   events.clear();
 }
 
-const std::vector<Call> kBert = {{true, "k0"}, {true, "k1"}, {false, "attention"}, {true, "k2"}, {false, "mm"}};
+const std::vector<Call> kBert = {{kKernel, "k0"}, {kKernel, "k1"}, {kTorch, "attention"}, {kKernel, "k2"},
+                                  {kTorch, "mm"}};
 
 void record_then_replay() {
   kiln::Replay replay;
@@ -92,7 +96,7 @@ void record_then_replay() {
   replay.run(device, [] { run_calls(kBert); });
   print("replay", replay.describe());
   try {
-    replay.run(device, [] { run_calls({{true, "k0"}, {false, "attention"}}); });
+    replay.run(device, [] { run_calls({{kKernel, "k0"}, {kHost, "a predicate"}}); });
   } catch (const std::exception& e) {
     events.push_back(std::string("error: ") + e.what());
   }
@@ -126,7 +130,7 @@ void direct_call_fails() {
 void nothing_to_capture() {
   kiln::Replay replay;
   kiln::cuda::Device device;
-  const std::vector<Call> externs = {{false, "mm"}, {false, "attention"}};
+  const std::vector<Call> externs = {{kTorch, "mm"}, {kTorch, "attention"}};
   replay.run(device, [&] { run_calls(externs); });
   replay.run(device, [&] { run_calls(externs); });
   print("nothing", replay.describe());
@@ -140,6 +144,45 @@ void turned_off() {
   print("off", replay.describe());
 }
 
+// The host's pool hook: logs each event; fails at `fail_at`.
+int fail_at = 0;
+int pool_hook(void* name, int event) {
+  const char* events_[] = {"", "BEGIN", "END", "RELEASE"};
+  events.push_back(std::string("pool ") + events_[event] + " of " + static_cast<const char*>(name));
+  return event == fail_at ? 1 : 0;
+}
+
+void pooled() {
+  const std::vector<Call> calls = {{kKernel, "k0"}, {kTorch, "mm"}, {kHost, "a predicate"}, {kTorch, "conv"}};
+  {
+    kiln::PoolHook pool;
+    pool.set(pool_hook, const_cast<char*>("m"));
+    kiln::Replay replay;
+    replay.use_pool(&pool);
+    kiln::cuda::Device device;
+    replay.run(device, [&] { run_calls(calls); });
+    print("pooled record", replay.describe());
+    replay.run(device, [&] { run_calls(calls); });
+    print("pooled replay", replay.describe());
+  }
+  print("pooled destroyed", "");
+  for (int failing : {int{KILN_POOL_BEGIN}, int{KILN_POOL_END}}) {
+    fail_at = failing;
+    std::string said;
+    {
+      kiln::PoolHook pool;
+      pool.set(pool_hook, const_cast<char*>("m"));
+      kiln::Replay replay;
+      replay.use_pool(&pool);
+      kiln::cuda::Device device;
+      replay.run(device, [&] { run_calls(calls); });
+      said = replay.describe();
+    }
+    print(failing == KILN_POOL_BEGIN ? "hook fails at begin" : "hook fails at end", said);
+  }
+  fail_at = 0;
+}
+
 }  // namespace
 
 int main() {
@@ -148,5 +191,6 @@ int main() {
   direct_call_fails();
   nothing_to_capture();
   turned_off();
+  pooled();
   return 0;
 }

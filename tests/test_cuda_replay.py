@@ -1,6 +1,7 @@
 """A cuda model's runs replayed as CUDA graphs (runtime/kiln_replay.h; gpu marker, needs CUDA):
 the same results as direct launches, outputs the caller keeps, inputs anywhere, a caller's
-stream, and replay off where it must be."""
+stream, calls into torch captured in the model's own memory pool, and replay off where it must
+be."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     cache = Cache.open(root / "cache")
     import importlib.util
 
-    for name in ("mlp", "bert", "cond"):
+    for name in ("mlp", "bert", "cond", "convnet"):
         if name != "bert" or importlib.util.find_spec("transformers") is not None:
             compile_model(load_config(name), BuildOptions("cuda", root / name), cache)
     yield root
@@ -45,22 +46,55 @@ def _same(got: object, want: object) -> None:
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("name", ["mlp", "bert"])
-def test_replayed_runs_give_the_results_of_direct_launches_bit_for_bit(name: str, builds: Path) -> None:
+@pytest.mark.parametrize("name", ["mlp", "bert", "convnet"])
+@pytest.mark.parametrize("mode", ["all", "kernels"])
+def test_replayed_runs_give_the_results_of_direct_launches_bit_for_bit(
+        name: str, mode: str, builds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kiln.loader import load
 
     if not (builds / name).is_dir():
         pytest.skip(f"{name} needs transformers")
-    direct, replayed = load(builds / name, graphs=False), load(builds / name, graphs=True)
+    monkeypatch.setenv("KILN_CUDA_GRAPHS", mode)
+    direct, replayed = load(builds / name, graphs=False), load(builds / name)
     assert direct.replay == "off: KILN_CREATE_NO_GRAPHS"
     assert replayed.replay.startswith("on: the first run records")
     for seed in (1, 2, 3):  # the first run records, the others replay
         inputs = _inputs(name, seed)
         _same(replayed(*inputs), direct(*inputs))
-    assert replayed.replay.startswith("on: "), replayed.replay
-    assert "CUDA graph" in replayed.replay
-    if name == "bert":  # torch's attention allocates its result: it runs between two graphs
-        assert "attention x" in replayed.replay
+    said = replayed.replay
+    assert said.startswith("on: "), said
+    assert "CUDA graph" in said
+    if mode == "all":  # matmuls, attention and convolutions in the graphs, in the model's pool
+        assert "calls into torch captured" in said
+        assert "run directly" not in said, said
+    elif name != "mlp":  # torch's calls run between the graphs
+        assert ("attention x" if name == "bert" else "convolution x") in said, said
+
+
+def test_a_replay_writes_no_memory_torch_has_handed_out_since(builds: Path) -> None:
+    """The blocks torch's calls used while recording stay the model's: tensors made after it,
+    and torch's own CUDA graph capture (which clears cuBLAS's workspaces), are left alone."""
+    import torch
+
+    from kiln.loader import load
+
+    for name in ("convnet", "bert"):
+        if not (builds / name).is_dir():
+            continue
+        direct, replayed = load(builds / name, graphs=False), load(builds / name, graphs=True)
+        replayed(*_inputs(name, 0))  # records
+        held = [torch.full((n,), 7.0, device="cuda") for n in (1 << 10, 1 << 16, 1 << 20, 1 << 22)]
+        a = torch.randn(256, 256, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            product = a @ a
+        graph.replay()
+        for seed in (1, 2):
+            inputs = _inputs(name, seed)
+            _same(replayed(*inputs), direct(*inputs))
+        torch.cuda.synchronize()
+        assert all(bool((t == 7.0).all()) for t in held)
+        assert torch.equal(product, a @ a)
 
 
 def test_outputs_of_two_runs_held_at_once_are_both_right(builds: Path) -> None:

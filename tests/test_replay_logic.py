@@ -40,12 +40,12 @@ def test_the_first_run_runs_directly_on_its_own_stream_then_records_each_segment
         "begin capture on own", "ran k2", "end capture", "graph 1 on own",
         "ran mm", "wait caller on own",
         "on: 2 CUDA graphs of 3 calls; inputs and outputs copied to and from the model's own buffers; "
-        "run directly (torch allocates for them, or they use its cuBLAS workspace): attention x1, mm x1"]
+        "run directly (no pool hook for torch's allocations): attention x1, mm x1"]
 
 
 def test_a_replay_launches_each_graph_and_runs_only_the_direct_calls(logs: dict[str, list[str]]) -> None:
     assert logs["replay"][:4] == ["graph 0 on caller", "ran attention", "graph 1 on caller", "ran mm"]
-    differ = "error: the model's GPU calls differ from those its CUDA graphs hold (at attention)"
+    differ = "error: the model's GPU calls differ from those its CUDA graphs hold (at a predicate)"
     assert logs["other calls"][:2] == ["graph 0 on caller", differ]
 
 
@@ -68,8 +68,39 @@ def test_a_model_with_nothing_to_capture_turns_replay_off_after_its_first_run(
     calls = ["ran mm", "ran attention"]
     assert logs["nothing"] == [
         "wait own on caller", *calls, *calls, "wait caller on own", *calls,
-        "off: nothing to capture: every GPU call of the model is a call into torch"]
+        "off: nothing to capture: every GPU call of the model runs directly"]
 
 
 def test_replay_turned_off_runs_every_call(logs: dict[str, list[str]]) -> None:
     assert logs["off"] == [*CALLS, "off: KILN_CREATE_NO_GRAPHS"]
+
+
+POOLED_CALLS = ["ran k0", "ran mm", "ran a predicate", "ran conv"]
+
+
+def test_with_a_pool_hook_calls_into_torch_are_captured_between_its_begin_and_end(
+        logs: dict[str, list[str]]) -> None:
+    assert logs["pooled record"] == [
+        "wait own on caller", "pool BEGIN of m", *POOLED_CALLS,
+        "begin capture on own", "ran k0", "ran mm", "end capture", "graph 0 on own",
+        "ran a predicate",
+        "begin capture on own", "ran conv", "end capture", "graph 1 on own",
+        "pool END of m", "wait caller on own",
+        "on: 2 CUDA graphs of 3 calls; inputs and outputs copied to and from the model's own buffers; "
+        "calls into torch captured, their memory in the model's pool; "
+        "run directly (fallback ops, reads on the host): a predicate x1"]
+    assert logs["pooled replay"][:3] == ["graph 0 on caller", "ran a predicate", "graph 1 on caller"]
+    assert logs["pooled destroyed"] == ["pool RELEASE of m"]
+
+
+def test_a_pool_hook_that_fails_turns_replay_off_and_its_pool_is_still_released(
+        logs: dict[str, list[str]]) -> None:
+    begin = logs["hook fails at begin"]
+    assert begin == ["wait own on caller", "pool BEGIN of m", "wait caller on own", *POOLED_CALLS,
+                     "pool RELEASE of m", "off: the pool hook failed (the host's pool hook failed at "
+                     "KILN_POOL_BEGIN); the model runs its calls directly"]
+    assert logs["hook fails at end"][-10:] == [
+        "pool END of m", "abandon capture", "drop graphs", "wait caller on own", *POOLED_CALLS,
+        "pool RELEASE of m",
+        "off: a capture failed (the host's pool hook failed at KILN_POOL_END); "
+        "the model runs its calls directly"]

@@ -152,34 +152,32 @@ int pool_hook(void* name, int event) {
   return event == fail_at ? 1 : 0;
 }
 
-void pooled() {
-  const std::vector<Call> calls = {{kKernel, "k0"}, {kTorch, "mm"}, {kHost, "a predicate"}, {kTorch, "conv"}};
+// A model with a pool hook: `runs` runs of `calls`, each printed under its scenario name, then
+// the model's destruction, printed under `destroyed` (its pool's release).
+void run_pooled(const std::vector<Call>& calls, const std::vector<const char*>& runs, const char* destroyed) {
+  std::string said;
   {
     kiln::PoolHook pool;
     pool.set(pool_hook, const_cast<char*>("m"));
     kiln::Replay replay;
     replay.use_pool(&pool);
     kiln::cuda::Device device;
-    replay.run(device, [&] { run_calls(calls); });
-    print("pooled record", replay.describe());
-    replay.run(device, [&] { run_calls(calls); });
-    print("pooled replay", replay.describe());
-  }
-  print("pooled destroyed", "");
-  for (int failing : {int{KILN_POOL_BEGIN}, int{KILN_POOL_END}}) {
-    fail_at = failing;
-    std::string said;
-    {
-      kiln::PoolHook pool;
-      pool.set(pool_hook, const_cast<char*>("m"));
-      kiln::Replay replay;
-      replay.use_pool(&pool);
-      kiln::cuda::Device device;
+    for (const char* scenario : runs) {
       replay.run(device, [&] { run_calls(calls); });
       said = replay.describe();
+      if (destroyed != nullptr) print(scenario, said);
     }
-    print(failing == KILN_POOL_BEGIN ? "hook fails at begin" : "hook fails at end", said);
   }
+  print(destroyed != nullptr ? destroyed : runs.back(), destroyed != nullptr ? "" : said);
+}
+
+void pooled() {
+  const std::vector<Call> calls = {{kKernel, "k0"}, {kTorch, "mm"}, {kHost, "a predicate"}, {kTorch, "conv"}};
+  run_pooled(calls, {"pooled record", "pooled replay"}, "pooled destroyed");
+  fail_at = KILN_POOL_BEGIN;
+  run_pooled(calls, {"hook fails at begin"}, nullptr);
+  fail_at = KILN_POOL_END;
+  run_pooled(calls, {"hook fails at end"}, nullptr);
   fail_at = 0;
 }
 

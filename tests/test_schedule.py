@@ -55,6 +55,22 @@ def test_a_bias_nothing_would_fuse_stays_in_the_matmul_call() -> None:
     assert (c.kernels, c.calls) == (0, 2)
 
 
+def test_a_merge_of_contiguous_dims_reaches_a_matmul_as_a_view_not_a_copy() -> None:
+    """A layer's [batch, seq, hidden] output reshaped to [batch * seq, hidden] for the next
+    linear is a stride of its buffer: the matmuls read it in place (bert's query, key and value
+    projections each copied it first)."""
+    x = torch.randn(2, 4, 17)
+
+    def projections(h: torch.Tensor) -> torch.Tensor:
+        h = F.layer_norm(h, (17,))  # a buffer of its own: the matmuls and the residual read it
+        flat = h.reshape(8, 17)
+        return (flat @ W.t()[:, :16] + flat @ W.t()[:, 16:32]).reshape(2, 4, 16) + h[..., :16]
+
+    c = compile_fn(projections, x)
+    assert c.calls == 2
+    assert c.kernels == 2  # the layer norm, and the sum with the residual: no copy of h
+
+
 def test_a_chain_of_ten_pointwise_ops_is_one_kernel() -> None:
     def chain(x: torch.Tensor) -> torch.Tensor:
         for i in range(10):

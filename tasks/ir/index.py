@@ -47,7 +47,7 @@ def linear(e: Expr) -> Linear:
     return {e: 1}, 0
 
 
-def _fold_divmod(terms: Mapping[Expr, int]) -> tuple[dict[Expr, int], int]:
+def fold_divmod(terms: Mapping[Expr, int]) -> tuple[dict[Expr, int], int]:
     """k*q*(x // q) + k*(x % q) -> k*x: a split index put back together."""
     out = dict(terms)
     constant = 0
@@ -68,7 +68,7 @@ def _fold_divmod(terms: Mapping[Expr, int]) -> tuple[dict[Expr, int], int]:
 
 def from_linear(terms: Mapping[Expr, int], constant: int) -> Expr:
     """Rebuild in a fixed order: variables by name, then other atoms by key, constant last."""
-    terms, folded = _fold_divmod(terms)
+    terms, folded = fold_divmod(terms)
     constant += folded
 
     def order(atom: Expr) -> tuple[int, str, str]:

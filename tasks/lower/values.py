@@ -66,16 +66,23 @@ class TensorValue:
 
     def strided(self) -> View | None:
         """This value as (shape, stride, offset) over its buffer, if its index map is affine."""
-        strides = [0] * self.ndim
+        # Note: the address as a whole, not dim by dim: a merge of contiguous dims (a reshape of
+        # [2, 32, 128] to [64, 128]) reads (v0 // 32) * 4096 + (v0 % 32) * 128, which folds to
+        # v0 * 128 only once both dims' terms are summed.
+        address: dict[Expr, int] = {}
         offset = 0
         for e, base_stride in zip(self.index, self.buffer.stride, strict=True):
             terms, constant = ix.linear(e)
             offset += constant * base_stride
             for atom, coef in terms.items():
-                if atom.op is not Op.VAR or not str(atom.arg).startswith("v"):
-                    return None
-                strides[int(str(atom.arg)[1:])] += coef * base_stride
-        return View(self.buffer.name, self.shape, tuple(strides), offset, self.dtype)
+                address[atom] = address.get(atom, 0) + coef * base_stride
+        folded, constant = ix.fold_divmod(address)
+        strides = [0] * self.ndim
+        for atom, coef in folded.items():
+            if atom.op is not Op.VAR or not str(atom.arg).startswith("v"):
+                return None
+            strides[int(str(atom.arg)[1:])] += coef
+        return View(self.buffer.name, self.shape, tuple(strides), offset + constant, self.dtype)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ uses is made in the pool and no later call is handed it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from contextlib import AbstractContextManager
 from typing import Any
@@ -31,18 +32,22 @@ class TorchPool:
         self.callback = HOOK(self._on_event)
 
     def _on_event(self, _context: int | None, event: int) -> int:
-        # Note: an exception must not cross into C (ctypes would print it and return 0): it is
-        # kept and the runtime told, which turns replay off and says the hook failed.
+        # Note: nothing may cross into C: ctypes would print it and return 0, which the runtime
+        # reads as success. So every exception, KeyboardInterrupt included, becomes a failure the
+        # runtime acts on (a BEGIN: torch's calls run directly; an END: replay off).
         try:
             if event == POOL_BEGIN:
                 self._begin()
             elif event == POOL_END:
                 self._end()
             elif event == POOL_RELEASE:
+                self._end_routing()
                 self._pool = None  # after the model's graphs: MemPool's destructor frees the pool
             return 0
-        except Exception as err:  # torch's own failure, whatever its type
+        except BaseException as err:  # see the note
             self.failure = f"{type(err).__name__}: {err}"
+            with contextlib.suppress(BaseException):
+                self._end_routing()
             return 1
 
     def _begin(self) -> None:
@@ -54,14 +59,45 @@ class TorchPool:
         routing = torch.cuda.use_mem_pool(self._pool, device=DEVICE)
         routing.__enter__()
         self._routing = routing
+        if not _routes_to(self._pool):
+            raise RuntimeError("this thread's allocations already go to another memory pool (a "
+                               "torch.cuda.use_mem_pool or a CUDA graph capture around the model's "
+                               "first run)")
 
     def _end(self) -> None:
-        routing, self._routing = self._routing, None
         try:
-            if routing is not None:
-                routing.__exit__(None, None, None)
+            self._end_routing()
         finally:
             _clear_cublas_workspaces()
+
+    def _end_routing(self) -> None:
+        routing, self._routing = self._routing, None
+        if routing is not None:
+            routing.__exit__(None, None, None)
+
+
+def _routes_to(pool: Any) -> bool:
+    """Whether this thread's next allocation on the device lands in `pool`.
+
+    Note: the caching allocator takes the first pool whose routing matches, so a use_mem_pool
+    entered inside another one (a caller's, or torch.compile's CUDA graph warm-up) routes
+    nothing, and the graphs would write blocks the other pool's owner reuses."""
+    import torch
+
+    probe = torch.empty(512, dtype=torch.uint8, device=f"cuda:{DEVICE}")
+    address = probe.data_ptr()
+    segments = torch.cuda.memory_snapshot(pool.id)  # type: ignore[no-untyped-call]
+    del probe
+    return any(tuple(seg.get("segment_pool_id", ())) == tuple(pool.id)
+               and seg["address"] <= address < seg["address"] + seg["total_size"] for seg in segments)
+
+
+def usable() -> str:
+    """Why torch's allocator cannot give a model a pool of its own ("" where it can)."""
+    import torch
+
+    backend = torch.cuda.get_allocator_backend()
+    return "" if backend == "native" else f"torch's CUDA allocator is {backend!r}, which has no memory pools"
 
 
 def _clear_cublas_workspaces() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from cache.hashing import digest_data
 from contract.errors import KilnError
 from contract.return_types import register_named_in
-from kiln.cuda_pool import HOOK, TorchPool
+from kiln import cuda_pool
 from pipeline.integrity import (
     MODEL_SO,
     WEIGHTS,
@@ -75,7 +75,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         lib.kiln_model_replay.argtypes = [model]
         lib.kiln_model_replay.restype = ctypes.c_char_p
     if hasattr(lib, "kiln_model_set_pool_hook"):  # nor this, from before torch's calls were captured
-        lib.kiln_model_set_pool_hook.argtypes = [model, HOOK, ctypes.c_void_p]
+        lib.kiln_model_set_pool_hook.argtypes = [model, cuda_pool.HOOK, ctypes.c_void_p]
         lib.kiln_model_set_pool_hook.restype = ctypes.c_int
     lib.aoti_torch_delete_tensor_object.argtypes = [ctypes.c_void_p]
 
@@ -165,14 +165,16 @@ class CompiledModel:
         the calls that run directly (runtime/kiln_replay.h)."""
         if not hasattr(self._lib, "kiln_model_replay"):
             return "off: this model.so predates CUDA graphs (recompile it)"
-        return str(self._lib.kiln_model_replay(self._handle).decode())
+        said = str(self._lib.kiln_model_replay(self._handle).decode())
+        failure = self._pool.failure if self._pool is not None else ""
+        return f"{said} (pool hook: {failure})" if failure and failure not in said else said
 
-    def _pool_hook(self) -> TorchPool | None:
+    def _pool_hook(self) -> cuda_pool.TorchPool | None:
         """The pool hook that lets the model's CUDA graphs hold its calls into torch too
         (kiln/cuda_pool.py), kept alive as long as the model."""
-        if not hasattr(self._lib, "kiln_model_set_pool_hook"):
+        if not hasattr(self._lib, "kiln_model_set_pool_hook") or cuda_pool.usable():
             return None
-        pool = TorchPool()
+        pool = cuda_pool.TorchPool()
         if self._lib.kiln_model_set_pool_hook(self._handle, pool.callback, None) != 0:
             raise KilnError(f"cannot set the model's pool hook: {self._error()}")
         return pool

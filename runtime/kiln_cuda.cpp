@@ -53,6 +53,7 @@ struct Driver {
   CUresult (*cuEventCreate)(CUevent*, unsigned) = nullptr;
   CUresult (*cuEventDestroy)(CUevent) = nullptr;
   CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*cuEventSynchronize)(CUevent) = nullptr;
   CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
   CUresult (*cuStreamBeginCapture)(CUstream, int) = nullptr;
   CUresult (*cuStreamEndCapture)(CUstream, CUgraph*) = nullptr;
@@ -97,6 +98,7 @@ const Driver& driver() {
     resolve(lib, d.cuEventCreate, "cuEventCreate");
     resolve(lib, d.cuEventDestroy, "cuEventDestroy_v2");
     resolve(lib, d.cuEventRecord, "cuEventRecord");
+    resolve(lib, d.cuEventSynchronize, "cuEventSynchronize");
     resolve(lib, d.cuStreamWaitEvent, "cuStreamWaitEvent");
     resolve(lib, d.cuStreamBeginCapture, "cuStreamBeginCapture_v2");
     resolve(lib, d.cuStreamEndCapture, "cuStreamEndCapture");
@@ -256,6 +258,13 @@ void end_run(Device& device) {
     check_on(device, d.cuEventCreate(&device.finished, kEventDisableTiming), "creating a CUDA event");
   check_on(device, d.cuEventRecord(device.finished, device.stream), "recording the end of a run");
   device.ran = true;
+}
+
+void finish(Device& device) {
+  if (device.ran && device.finished != nullptr) {
+    driver().cuCtxSetCurrent(device.context);
+    driver().cuEventSynchronize(device.finished);  // an error here has no one to tell: the model goes anyway
+  }
 }
 
 void copy_on_device(Device& device, void* dst, const void* src, size_t bytes) {

@@ -44,6 +44,8 @@ bool capturing(Device& device, void* stream);
 // whatever stream that ran) and its end (recorded for the next one). Under the model's lock.
 void begin_run(Device& device);
 void end_run(Device& device);
+// Waits for the last run to finish on the GPU, before the model's memory goes; never throws.
+void finish(Device& device);
 
 // Copies `bytes` between two places of device memory on the device's stream.
 void copy_on_device(Device& device, void* dst, const void* src, size_t bytes);

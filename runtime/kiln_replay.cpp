@@ -64,12 +64,6 @@ bool replayed_torch(const char* what) {
   return active != nullptr && active->replayed(active->captures_torch(), what);
 }
 
-void PoolHook::set(KilnPoolHook hook, void* context) {
-  if (begun_) fail("a pool hook is set before the model's first run, not after it");
-  hook_ = hook;
-  context_ = context;
-}
-
 void PoolHook::call(int event) {
   if (hook_ == nullptr) return;
   if (event == KILN_POOL_BEGIN) begun_ = true;  // whatever the hook did, the pool is released at the end
@@ -172,12 +166,16 @@ void Replay::record(cuda::Device& device, const std::function<void()>& main) {
 // where there is a hook. Note: the direct run allocates in the pool too, so the capture finds
 // the blocks it needs already there (no cudaMalloc inside it), cuBLAS's workspace among them.
 void Replay::record_pooled(const std::function<void()>& main) {
+  // Note: a hook that fails at its BEGIN costs only the calls into torch: they run directly,
+  // and kiln's kernels are recorded as without a hook.
   std::unique_ptr<PoolScope> pool;
+  torch_captured_ = pool_ != nullptr && pool_->set();
   try {
-    pool = std::make_unique<PoolScope>(captures_torch() ? pool_ : nullptr);
+    pool = std::make_unique<PoolScope>(torch_captured_ ? pool_ : nullptr);
   } catch (...) {
-    turn_off("the pool hook failed (" + what_failed() + "); the model runs its calls directly");
-    return;
+    pool_failure_ = what_failed();
+    torch_captured_ = false;
+    pool = std::make_unique<PoolScope>(nullptr);
   }
   mode_ = Mode::kDirect;
   main();  // a failure here is the run's own: it propagates, and the next run records again
@@ -263,8 +261,9 @@ const std::string& Replay::describe() const {
                  std::to_string(captured) + " calls; inputs and outputs copied to and from the model's own buffers";
   if (captures_torch()) description_ += "; calls into torch captured, their memory in the model's pool";
   if (!direct_.empty()) {
-    description_ += captures_torch() ? "; run directly (fallback ops, reads on the host):"
-                                     : "; run directly (no pool hook for torch's allocations):";
+    description_ += captures_torch()         ? "; run directly (fallback ops, reads on the host):"
+                    : pool_failure_.empty() ? "; run directly (no pool hook for torch's allocations):"
+                                            : "; run directly (the pool hook failed: " + pool_failure_ + "):";
     const char* separator = " ";
     for (const auto& [what, n] : direct_) {
       description_ += separator + what + " x" + std::to_string(n);

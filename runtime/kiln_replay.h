@@ -18,7 +18,9 @@
 // torch (matmuls, attention, convolution) only where the host set a pool hook (kiln_model.h:
 // kiln_model_set_pool_hook), which routes the recording run's allocations, cuBLAS's workspace
 // among them, to a pool of the model's own, as torch.cuda.graph does. Fallback ops and reads of
-// the GPU on the host always run directly.
+// the GPU on the host always run directly. One gap is left: with max_split_size_mb set, an out of
+// memory in a direct call between two captured segments of the recording run may free blocks
+// of the pool that the first segment's graph holds.
 #pragma once
 
 #include <cstddef>
@@ -40,7 +42,10 @@ class PoolHook {
   ~PoolHook();
   PoolHook(const PoolHook&) = delete;
   PoolHook& operator=(const PoolHook&) = delete;
-  void set(KilnPoolHook hook, void* context);
+  void set(KilnPoolHook hook, void* context) {
+    hook_ = hook;
+    context_ = context;
+  }
   bool set() const { return hook_ != nullptr; }
   // Calls the hook with KILN_POOL_BEGIN or KILN_POOL_END; throws kiln::Error where it fails.
   void call(int event);
@@ -55,8 +60,9 @@ class Replay {
  public:
   // The pool hook the recording run uses (owned by the model, outliving its graphs), if any.
   void use_pool(PoolHook* pool) { pool_ = pool; }
-  // Whether calls into torch are captured: a pool hook is set.
-  bool captures_torch() const { return pool_ != nullptr && pool_->set(); }
+  // Whether calls into torch are captured: decided as the model records (a pool hook is set,
+  // and its BEGIN worked), and kept for every replay of that recording.
+  bool captures_torch() const { return torch_captured_; }
   // Replay is off for good, and says why ("KILN_CREATE_NO_GRAPHS", "control flow ...").
   void turn_off(const std::string& why);
   bool on() const { return why_off_.empty(); }
@@ -82,6 +88,8 @@ class Replay {
   void forget();
 
   PoolHook* pool_ = nullptr;
+  bool torch_captured_ = false;
+  std::string pool_failure_;  // why calls into torch run directly although a hook is set
   std::string why_off_;
   mutable std::string description_;
   Mode mode_ = Mode::kDirect;

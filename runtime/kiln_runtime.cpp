@@ -362,6 +362,7 @@ struct Context {
   std::vector<void*> write_blocks;  // per program.writes entry: where the main graph leaves its value
   Replay replay;  // cuda: the model's launches as CUDA graphs (kiln_replay.h), using `pool`
   std::vector<char*> graph_outputs;  // per output: where the graphs write it (made on the first run)
+  bool ran = false;                  // a run has begun (a pool hook comes before it)
 };
 
 void launch(Context& ctx, size_t kernel, unsigned grid, void** args, size_t num_args) {
@@ -623,6 +624,7 @@ void run(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTe
   }
   // Note: the whole run holds the model, its stream and its order behind the last run included.
   std::lock_guard<std::mutex> lock(ctx.running);
+  ctx.ran = true;
   cuda::check_usable(*ctx.gpu);
   if (!stream_given) stream = cuda::torch_current_stream();
   cuda::StreamGuard guard(stream, 0);
@@ -784,7 +786,13 @@ int kiln_model_create_with(const char* weights_path, unsigned flags, KilnModel**
   });
 }
 
-void kiln_model_destroy(KilnModel* model) { delete model; }
+void kiln_model_destroy(KilnModel* model) {
+  if (model == nullptr) return;
+  // Note: the model's GPU memory goes back to torch's caching allocator, which hands it out at
+  // once: the last run, queued on whatever stream, must be done with it first.
+  if (model->ctx.gpu) kiln::cuda::finish(*model->ctx.gpu);
+  delete model;
+}
 
 int kiln_model_run(KilnModel* model, const AtenTensorHandle* inputs, size_t num_inputs, AtenTensorHandle* outputs,
                    size_t num_outputs) {
@@ -853,6 +861,7 @@ int kiln_model_set_pool_hook(KilnModel* model, KilnPoolHook hook, void* context)
     if (model == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "model is NULL");
     if (!kiln::on_gpu()) throw kiln::Error(KILN_BAD_ARGUMENT, "a cpu model has no CUDA graphs to take a pool hook");
     std::lock_guard<std::mutex> lock(model->ctx.running);
+    if (model->ctx.ran) throw kiln::Error(KILN_BAD_ARGUMENT, "a pool hook is set before the model's first run");
     model->ctx.pool.set(hook, context);
   });
 }

@@ -161,3 +161,33 @@ def test_replay_is_off_for_control_flow_and_when_asked(builds: Path, monkeypatch
     cond(*_inputs("cond", 0))
     monkeypatch.setenv("KILN_CUDA_GRAPHS", "0")
     assert load(builds / "mlp").replay == "off: KILN_CREATE_NO_GRAPHS"
+
+
+def test_a_first_run_inside_another_pool_leaves_torchs_calls_out_of_the_graphs(builds: Path) -> None:
+    """Routed to a pool of the caller's, the recording cannot route to the model's own: the pool
+    hook says so, torch's calls run directly, and kiln's kernels are still replayed."""
+    import torch
+
+    from kiln.loader import load
+
+    direct, replayed = load(builds / "convnet", graphs=False), load(builds / "convnet", graphs=True)
+    theirs = torch.cuda.MemPool()
+    inputs = _inputs("convnet", 0)
+    with torch.cuda.use_mem_pool(theirs):
+        _same(replayed(*inputs), direct(*inputs))
+    said = replayed.replay
+    assert "the pool hook failed" in said
+    assert "convolution x" in said
+    _same(replayed(*inputs), direct(*inputs))
+
+
+def test_a_pool_hook_is_refused_after_the_first_run(builds: Path) -> None:
+    """Its recording decided what its graphs hold; a hook set later would not match them."""
+    from kiln import cuda_pool
+    from kiln.loader import load
+
+    model = load(builds / "mlp", graphs=True)
+    model(*_inputs("mlp", 0))
+    late = cuda_pool.TorchPool()
+    assert model._lib.kiln_model_set_pool_hook(model._handle, late.callback, None) != 0
+    assert "before the model's first run" in model._error()

@@ -163,9 +163,11 @@ def test_replay_is_off_for_control_flow_and_when_asked(builds: Path, monkeypatch
     assert load(builds / "mlp").replay == "off: KILN_CREATE_NO_GRAPHS"
 
 
-def test_a_first_run_inside_another_pool_leaves_torchs_calls_out_of_the_graphs(builds: Path) -> None:
-    """Routed to a pool of the caller's, the recording cannot route to the model's own: the pool
-    hook says so, torch's calls run directly, and kiln's kernels are still replayed."""
+def test_a_first_run_inside_another_pool_keeps_the_other_pools_blocks_unwritten(builds: Path) -> None:
+    """Recorded inside a caller's use_mem_pool: the recording's allocations go to the model's
+    own pool (the hook checks where they land), or, where torch would route them to the caller's,
+    the hook fails and torch's calls run directly. Either way the caller's pool is never written
+    by a replay."""
     import torch
 
     from kiln.loader import load
@@ -176,9 +178,14 @@ def test_a_first_run_inside_another_pool_leaves_torchs_calls_out_of_the_graphs(b
     with torch.cuda.use_mem_pool(theirs):
         _same(replayed(*inputs), direct(*inputs))
     said = replayed.replay
-    assert "the pool hook failed" in said
-    assert "convolution x" in said
-    _same(replayed(*inputs), direct(*inputs))
+    assert ("calls into torch captured" in said) != ("the pool hook failed" in said), said
+    with torch.cuda.use_mem_pool(theirs):
+        held = [torch.full((n,), 7.0, device="cuda") for n in (1 << 10, 1 << 16, 1 << 20, 1 << 22)]
+    for seed in (1, 2):
+        more = _inputs("convnet", seed)
+        _same(replayed(*more), direct(*more))
+    torch.cuda.synchronize()
+    assert all(bool((t == 7.0).all()) for t in held)
 
 
 def test_a_pool_hook_is_refused_after_the_first_run(builds: Path) -> None:

@@ -28,7 +28,8 @@ class TorchPool:
     def __init__(self) -> None:
         self._pool: Any = None  # torch.cuda.MemPool, made at the first BEGIN
         self._routing: AbstractContextManager[Any] | None = None
-        self.failure = ""  # the last event that failed, for the report
+        self.failure = ""  # the last recording's failed event, for the report
+        self.interrupted: BaseException | None = None  # a Ctrl-C during an event, re-raised after the run
         self.callback = HOOK(self._on_event)
 
     def _on_event(self, _context: int | None, event: int) -> int:
@@ -46,6 +47,8 @@ class TorchPool:
             return 0
         except BaseException as err:  # see the note
             self.failure = f"{type(err).__name__}: {err}"
+            if not isinstance(err, Exception):
+                self.interrupted = err
             with contextlib.suppress(BaseException):
                 self._end_routing()
             return 1
@@ -53,6 +56,7 @@ class TorchPool:
     def _begin(self) -> None:
         import torch
 
+        self.failure = ""
         if self._pool is None:
             self._pool = torch.cuda.MemPool()
         _clear_cublas_workspaces()
@@ -79,14 +83,18 @@ class TorchPool:
 def _routes_to(pool: Any) -> bool:
     """Whether this thread's next allocation on the device lands in `pool`.
 
-    Note: the caching allocator takes the first pool whose routing matches, so a use_mem_pool
-    entered inside another one (a caller's, or torch.compile's CUDA graph warm-up) routes
-    nothing, and the graphs would write blocks the other pool's owner reuses."""
+    Note: where use_mem_pool is entered inside another routing (a caller's, or torch.compile's
+    CUDA graph warm-up), which pool wins is the allocator's choice: torch 2.11 gave the innermost
+    (the model's) on an H100, and a torch that gave the outer one would have the graphs write
+    blocks the other pool's owner reuses. So the probe asks, rather than trusting either."""
     import torch
 
     probe = torch.empty(512, dtype=torch.uint8, device=f"cuda:{DEVICE}")
     address = probe.data_ptr()
-    segments = torch.cuda.memory_snapshot(pool.id)  # type: ignore[no-untyped-call]
+    try:  # traces are not needed, and may be long where memory history is on
+        segments = torch.cuda.memory_snapshot(pool.id, include_traces=False)  # type: ignore[no-untyped-call]
+    except TypeError:  # a torch without include_traces
+        segments = torch.cuda.memory_snapshot(pool.id)  # type: ignore[no-untyped-call]
     del probe
     return any(tuple(seg.get("segment_pool_id", ())) == tuple(pool.id)
                and seg["address"] <= address < seg["address"] + seg["total_size"] for seg in segments)

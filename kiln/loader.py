@@ -156,6 +156,7 @@ class CompiledModel:
         self.inputs = self._infos("input")
         self.outputs = self._infos("output")
         self.target = self._lib.kiln_model_target().decode()
+        self._no_pool = ""  # why a cuda model that wants one has no pool hook
         self._pool = self._pool_hook() if mode == "all" and self.target == "cuda" else None
         self._out_spec = _out_spec(manifest.model.out_spec, len(self.outputs))
 
@@ -166,18 +167,28 @@ class CompiledModel:
         if not hasattr(self._lib, "kiln_model_replay"):
             return "off: this model.so predates CUDA graphs (recompile it)"
         said = str(self._lib.kiln_model_replay(self._handle).decode())
-        failure = self._pool.failure if self._pool is not None else ""
+        failure = self._pool.failure if self._pool is not None else self._no_pool
         return f"{said} (pool hook: {failure})" if failure and failure not in said else said
 
     def _pool_hook(self) -> cuda_pool.TorchPool | None:
         """The pool hook that lets the model's CUDA graphs hold its calls into torch too
         (kiln/cuda_pool.py), kept alive as long as the model."""
-        if not hasattr(self._lib, "kiln_model_set_pool_hook") or cuda_pool.usable():
+        if not hasattr(self._lib, "kiln_model_set_pool_hook"):
+            return None
+        self._no_pool = cuda_pool.usable()
+        if self._no_pool:
             return None
         pool = cuda_pool.TorchPool()
         if self._lib.kiln_model_set_pool_hook(self._handle, pool.callback, None) != 0:
             raise KilnError(f"cannot set the model's pool hook: {self._error()}")
         return pool
+
+    def _raise_interrupt(self) -> None:
+        """A Ctrl-C that came while the pool hook ran (inside the C call, which had to go on) is
+        raised now; the run's outputs go with it, as with an interrupt anywhere else in a call."""
+        if self._pool is not None and self._pool.interrupted is not None:
+            interrupted, self._pool.interrupted = self._pool.interrupted, None
+            raise interrupted
 
     def _error(self) -> str:
         return str(self._lib.kiln_last_error().decode(errors="replace"))
@@ -209,9 +220,11 @@ class CompiledModel:
                 self._lib.aoti_torch_delete_tensor_object(h)
         if status != 0:
             message = self._error()
+            self._raise_interrupt()
             raise (ModelInputError if status == _BAD_ARGUMENT else RuntimeError)(message)
         flat = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs(
             [_capsule_new(outs[i], None, None) for i in range(len(self.outputs))])
+        self._raise_interrupt()  # after the outputs are tensors: they are freed, not leaked
         return _unflatten(flat, self._out_spec)
 
     def _check(self, args: tuple[Any, ...]) -> None:

@@ -28,6 +28,7 @@ using CUgraphExec = struct CUgraphExec_st*;
 constexpr unsigned kStreamNonBlocking = 1;      // CU_STREAM_NON_BLOCKING
 constexpr unsigned kEventDisableTiming = 2;     // CU_EVENT_DISABLE_TIMING
 constexpr int kCaptureModeThreadLocal = 1;      // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+constexpr int kCaptureModeRelaxed = 2;          // CU_STREAM_CAPTURE_MODE_RELAXED
 constexpr CUresult kCaptureImplicit = 906;      // CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 constexpr int kMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr unsigned kDefaultSharedLimit = 48 * 1024;
@@ -54,6 +55,7 @@ struct Driver {
   CUresult (*cuEventDestroy)(CUevent) = nullptr;
   CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
   CUresult (*cuEventSynchronize)(CUevent) = nullptr;
+  CUresult (*cuThreadExchangeStreamCaptureMode)(int*) = nullptr;
   CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
   CUresult (*cuStreamBeginCapture)(CUstream, int) = nullptr;
   CUresult (*cuStreamEndCapture)(CUstream, CUgraph*) = nullptr;
@@ -99,6 +101,7 @@ const Driver& driver() {
     resolve(lib, d.cuEventDestroy, "cuEventDestroy_v2");
     resolve(lib, d.cuEventRecord, "cuEventRecord");
     resolve(lib, d.cuEventSynchronize, "cuEventSynchronize");
+    resolve(lib, d.cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
     resolve(lib, d.cuStreamWaitEvent, "cuStreamWaitEvent");
     resolve(lib, d.cuStreamBeginCapture, "cuStreamBeginCapture_v2");
     resolve(lib, d.cuStreamEndCapture, "cuStreamEndCapture");
@@ -260,11 +263,21 @@ void end_run(Device& device) {
   device.ran = true;
 }
 
+// Note: a model is often destroyed by a garbage collection, at any moment: perhaps while another
+// thread captures a CUDA graph in global mode, where a synchronizing call would break that
+// capture. Waiting on an event in relaxed mode is allowed then. The thread's context and mode
+// are put back; an error has no one to tell, and the model goes anyway.
 void finish(Device& device) {
-  if (device.ran && device.finished != nullptr) {
-    driver().cuCtxSetCurrent(device.context);
-    driver().cuEventSynchronize(device.finished);  // an error here has no one to tell: the model goes anyway
-  }
+  if (!device.ran || device.finished == nullptr) return;
+  const Driver& d = driver();
+  CUcontext before = nullptr;
+  d.cuCtxGetCurrent(&before);
+  d.cuCtxSetCurrent(device.context);
+  int mode = kCaptureModeRelaxed;
+  const bool exchanged = d.cuThreadExchangeStreamCaptureMode(&mode) == 0;
+  d.cuEventSynchronize(device.finished);
+  if (exchanged) d.cuThreadExchangeStreamCaptureMode(&mode);
+  if (before != nullptr) d.cuCtxSetCurrent(before);
 }
 
 void copy_on_device(Device& device, void* dst, const void* src, size_t bytes) {

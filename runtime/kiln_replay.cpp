@@ -68,7 +68,8 @@ void PoolHook::call(int event) {
   if (hook_ == nullptr) return;
   if (event == KILN_POOL_BEGIN) begun_ = true;  // whatever the hook did, the pool is released at the end
   if (hook_(context_, event) != 0)
-    fail(std::string("the host's pool hook failed at ") + (event == KILN_POOL_BEGIN ? "KILN_POOL_BEGIN" : "KILN_POOL_END"));
+    fail(std::string("the pool hook returned a failure at ") +
+         (event == KILN_POOL_BEGIN ? "KILN_POOL_BEGIN" : "KILN_POOL_END"));
 }
 
 PoolHook::~PoolHook() {
@@ -169,6 +170,8 @@ void Replay::record_pooled(const std::function<void()>& main) {
   // Note: a hook that fails at its BEGIN costs only the calls into torch: they run directly,
   // and kiln's kernels are recorded as without a hook.
   std::unique_ptr<PoolScope> pool;
+  began_ = true;
+  pool_failure_.clear();
   torch_captured_ = pool_ != nullptr && pool_->set();
   try {
     pool = std::make_unique<PoolScope>(torch_captured_ ? pool_ : nullptr);
@@ -263,7 +266,7 @@ const std::string& Replay::describe() const {
   if (!direct_.empty()) {
     description_ += captures_torch()         ? "; run directly (fallback ops, reads on the host):"
                     : pool_failure_.empty() ? "; run directly (no pool hook for torch's allocations):"
-                                            : "; run directly (the pool hook failed: " + pool_failure_ + "):";
+                                            : "; run directly (" + pool_failure_ + "):";
     const char* separator = " ";
     for (const auto& [what, n] : direct_) {
       description_ += separator + what + " x" + std::to_string(n);

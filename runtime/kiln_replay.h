@@ -63,6 +63,8 @@ class Replay {
   // Whether calls into torch are captured: decided as the model records (a pool hook is set,
   // and its BEGIN worked), and kept for every replay of that recording.
   bool captures_torch() const { return torch_captured_; }
+  // Whether a recording has begun (a pool hook is set before it).
+  bool began() const { return began_; }
   // Replay is off for good, and says why ("KILN_CREATE_NO_GRAPHS", "control flow ...").
   void turn_off(const std::string& why);
   bool on() const { return why_off_.empty(); }
@@ -89,6 +91,7 @@ class Replay {
 
   PoolHook* pool_ = nullptr;
   bool torch_captured_ = false;
+  bool began_ = false;
   std::string pool_failure_;  // why calls into torch run directly although a hook is set
   std::string why_off_;
   mutable std::string description_;

@@ -362,7 +362,6 @@ struct Context {
   std::vector<void*> write_blocks;  // per program.writes entry: where the main graph leaves its value
   Replay replay;  // cuda: the model's launches as CUDA graphs (kiln_replay.h), using `pool`
   std::vector<char*> graph_outputs;  // per output: where the graphs write it (made on the first run)
-  bool ran = false;                  // a run has begun (a pool hook comes before it)
 };
 
 void launch(Context& ctx, size_t kernel, unsigned grid, void** args, size_t num_args) {
@@ -624,7 +623,6 @@ void run(Context& ctx, const AtenTensorHandle* inputs, size_t num_inputs, AtenTe
   }
   // Note: the whole run holds the model, its stream and its order behind the last run included.
   std::lock_guard<std::mutex> lock(ctx.running);
-  ctx.ran = true;
   cuda::check_usable(*ctx.gpu);
   if (!stream_given) stream = cuda::torch_current_stream();
   cuda::StreamGuard guard(stream, 0);
@@ -790,7 +788,10 @@ void kiln_model_destroy(KilnModel* model) {
   if (model == nullptr) return;
   // Note: the model's GPU memory goes back to torch's caching allocator, which hands it out at
   // once: the last run, queued on whatever stream, must be done with it first.
-  if (model->ctx.gpu) kiln::cuda::finish(*model->ctx.gpu);
+  if (model->ctx.gpu) {
+    std::lock_guard<std::mutex> lock(model->ctx.running);  // a run on another thread ends first
+    kiln::cuda::finish(*model->ctx.gpu);
+  }
   delete model;
 }
 
@@ -861,7 +862,8 @@ int kiln_model_set_pool_hook(KilnModel* model, KilnPoolHook hook, void* context)
     if (model == nullptr) throw kiln::Error(KILN_BAD_ARGUMENT, "model is NULL");
     if (!kiln::on_gpu()) throw kiln::Error(KILN_BAD_ARGUMENT, "a cpu model has no CUDA graphs to take a pool hook");
     std::lock_guard<std::mutex> lock(model->ctx.running);
-    if (model->ctx.ran) throw kiln::Error(KILN_BAD_ARGUMENT, "a pool hook is set before the model's first run");
+    if (model->ctx.replay.began())
+      throw kiln::Error(KILN_BAD_ARGUMENT, "a pool hook is set before the model's first run");
     model->ctx.pool.set(hook, context);
   });
 }

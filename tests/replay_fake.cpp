@@ -144,12 +144,40 @@ void turned_off() {
   print("off", replay.describe());
 }
 
-// The host's pool hook: logs each event; fails at `fail_at`.
+// The host's pool hook: logs each event; fails at `fail_at` (`fail_times` times, if set).
 int fail_at = 0;
+int fail_times = -1;
 int pool_hook(void* name, int event) {
   const char* events_[] = {"", "BEGIN", "END", "RELEASE"};
   events.push_back(std::string("pool ") + events_[event] + " of " + static_cast<const char*>(name));
-  return event == fail_at ? 1 : 0;
+  if (event != fail_at || fail_times == 0) return 0;
+  if (fail_times > 0) --fail_times;
+  return 1;
+}
+
+// BEGIN fails and the direct run fails too; the next run records again, and its BEGIN works.
+void pooled_again() {
+  const std::vector<Call> calls = {{kKernel, "k0"}, {kTorch, "mm"}};
+  fail_at = KILN_POOL_BEGIN;
+  fail_times = 1;
+  std::string said;
+  {
+    kiln::PoolHook pool;
+    pool.set(pool_hook, const_cast<char*>("m"));
+    kiln::Replay replay;
+    replay.use_pool(&pool);
+    kiln::cuda::Device device;
+    try {
+      replay.run(device, [&] { run_calls(calls, "mm"); });
+    } catch (const std::exception& e) {
+      events.push_back(std::string("error: ") + e.what());
+    }
+    replay.run(device, [&] { run_calls(calls); });
+    said = replay.describe();
+  }
+  print("pooled again", said);
+  fail_at = 0;
+  fail_times = -1;
 }
 
 // A model with a pool hook: `runs` runs of `calls`, each printed under its scenario name, then
@@ -190,5 +218,6 @@ int main() {
   nothing_to_capture();
   turned_off();
   pooled();
+  pooled_again();
   return 0;
 }

@@ -178,7 +178,7 @@ def test_a_first_run_inside_another_pool_keeps_the_other_pools_blocks_unwritten(
     with torch.cuda.use_mem_pool(theirs):
         _same(replayed(*inputs), direct(*inputs))
     said = replayed.replay
-    assert ("calls into torch captured" in said) != ("the pool hook failed" in said), said
+    assert ("calls into torch captured" in said) != ("pool hook returned a failure" in said), said
     with torch.cuda.use_mem_pool(theirs):
         held = [torch.full((n,), 7.0, device="cuda") for n in (1 << 10, 1 << 16, 1 << 20, 1 << 22)]
     for seed in (1, 2):
@@ -198,3 +198,37 @@ def test_a_pool_hook_is_refused_after_the_first_run(builds: Path) -> None:
     late = cuda_pool.TorchPool()
     assert model._lib.kiln_model_set_pool_hook(model._handle, late.callback, None) != 0
     assert "before the model's first run" in model._error()
+
+
+def test_the_probe_says_where_this_threads_allocations_go() -> None:
+    import torch
+
+    from kiln.cuda_pool import _routes_to
+
+    pool = torch.cuda.MemPool()
+    assert not _routes_to(pool)
+    with torch.cuda.use_mem_pool(pool):
+        assert _routes_to(pool)
+    assert not _routes_to(pool)
+
+
+def test_a_pool_that_routes_nothing_leaves_torchs_calls_direct(
+        builds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the probe finds the model's pool unused, its BEGIN fails: torch's calls run
+    directly, kiln's kernels are replayed, and the thread's routing is undone."""
+    from kiln import cuda_pool
+    from kiln.loader import load
+
+    monkeypatch.setattr(cuda_pool, "_routes_to", lambda pool: False)
+    direct, replayed = load(builds / "convnet", graphs=False), load(builds / "convnet", graphs=True)
+    for seed in (0, 1, 2):
+        inputs = _inputs("convnet", seed)
+        _same(replayed(*inputs), direct(*inputs))
+    said = replayed.replay
+    assert "pool hook returned a failure at KILN_POOL_BEGIN" in said
+    assert "convolution x" in said
+    assert "another memory pool" in said  # the hook's own reason, from the loader
+    monkeypatch.undo()
+    hook = replayed._pool
+    assert hook is not None
+    assert not cuda_pool._routes_to(hook._pool)  # the failed BEGIN left no routing behind

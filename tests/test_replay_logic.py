@@ -100,10 +100,22 @@ def test_a_pool_hook_that_fails_costs_the_torch_calls_or_replay_and_its_pool_is_
         "begin capture on own", "ran k0", "end capture", "graph 0 on own",
         "ran mm", "ran a predicate", "ran conv", "wait caller on own", "pool RELEASE of m",
         "on: 1 CUDA graph of 1 calls; inputs and outputs copied to and from the model's own buffers; "
-        "run directly (the pool hook failed: the host's pool hook failed at KILN_POOL_BEGIN): "
+        "run directly (the pool hook returned a failure at KILN_POOL_BEGIN): "
         "a predicate x1, conv x1, mm x1"]
     assert logs["hook fails at end"][-10:] == [
         "pool END of m", "abandon capture", "drop graphs", "wait caller on own", *POOLED_CALLS,
         "pool RELEASE of m",
-        "off: a capture failed (the host's pool hook failed at KILN_POOL_END); "
+        "off: a capture failed (the pool hook returned a failure at KILN_POOL_END); "
         "the model runs its calls directly"]
+
+
+def test_a_recording_after_a_failed_one_asks_the_pool_hook_again(logs: dict[str, list[str]]) -> None:
+    """BEGIN fails, then the run's own direct call fails: the next run records anew, BEGIN works,
+    torch's calls are captured, and the pool is released once."""
+    again = logs["pooled again"]
+    assert again[:5] == ["wait own on caller", "pool BEGIN of m", "ran k0", "wait caller on own",
+                         "error: mm failed"]
+    assert again.count("pool BEGIN of m") == 2
+    assert again.count("pool END of m") == 1
+    assert again.count("pool RELEASE of m") == 1
+    assert again[-1].endswith("calls into torch captured, their memory in the model's pool")

@@ -155,6 +155,17 @@ int pool_hook(void* name, int event) {
   return 1;
 }
 
+// A model's replay with the pool hook above; destroyed, it releases its pool.
+struct PooledModel {
+  PooledModel() {
+    pool.set(pool_hook, const_cast<char*>("m"));
+    replay.use_pool(&pool);
+  }
+  kiln::PoolHook pool;  // first: destroyed last, after the graphs
+  kiln::Replay replay;
+  kiln::cuda::Device device;
+};
+
 // BEGIN fails and the direct run fails too; the next run records again, and its BEGIN works.
 void pooled_again() {
   const std::vector<Call> calls = {{kKernel, "k0"}, {kTorch, "mm"}};
@@ -162,18 +173,14 @@ void pooled_again() {
   fail_times = 1;
   std::string said;
   {
-    kiln::PoolHook pool;
-    pool.set(pool_hook, const_cast<char*>("m"));
-    kiln::Replay replay;
-    replay.use_pool(&pool);
-    kiln::cuda::Device device;
+    PooledModel m;
     try {
-      replay.run(device, [&] { run_calls(calls, "mm"); });
+      m.replay.run(m.device, [&] { run_calls(calls, "mm"); });
     } catch (const std::exception& e) {
       events.push_back(std::string("error: ") + e.what());
     }
-    replay.run(device, [&] { run_calls(calls); });
-    said = replay.describe();
+    m.replay.run(m.device, [&] { run_calls(calls); });
+    said = m.replay.describe();
   }
   print("pooled again", said);
   fail_at = 0;
@@ -185,14 +192,10 @@ void pooled_again() {
 void run_pooled(const std::vector<Call>& calls, const std::vector<const char*>& runs, const char* destroyed) {
   std::string said;
   {
-    kiln::PoolHook pool;
-    pool.set(pool_hook, const_cast<char*>("m"));
-    kiln::Replay replay;
-    replay.use_pool(&pool);
-    kiln::cuda::Device device;
+    PooledModel m;
     for (const char* scenario : runs) {
-      replay.run(device, [&] { run_calls(calls); });
-      said = replay.describe();
+      m.replay.run(m.device, [&] { run_calls(calls); });
+      said = m.replay.describe();
       if (destroyed != nullptr) print(scenario, said);
     }
   }

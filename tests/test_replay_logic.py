@@ -119,3 +119,15 @@ def test_a_recording_after_a_failed_one_asks_the_pool_hook_again(logs: dict[str,
     assert again.count("pool END of m") == 1
     assert again.count("pool RELEASE of m") == 1
     assert again[-1].endswith("calls into torch captured, their memory in the model's pool")
+
+
+def test_kiln_cuda_graphs_names_how_a_cuda_model_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.loader import graphs_mode
+
+    monkeypatch.delenv("KILN_CUDA_GRAPHS", raising=False)
+    assert graphs_mode(None) == "all"
+    for said, mode in (("0", "off"), ("off", "off"), (" Kernels ", "kernels"), ("1", "all")):
+        monkeypatch.setenv("KILN_CUDA_GRAPHS", said)
+        assert graphs_mode(None) == mode
+    assert graphs_mode(False) == "off"  # the argument wins over the variable
+    assert graphs_mode(True) == "all"

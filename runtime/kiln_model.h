@@ -121,8 +121,9 @@ const char* kiln_model_target(void);
  * once, if BEGIN ever came. The hook returns 0, or non-zero for a failure: a BEGIN that fails
  * undoes itself (no END follows) and the calls into torch then run directly; an END that fails
  * turns replay off for the model. A hook that routes nothing (this thread's allocations already
- * go to another pool, say) must fail its BEGIN. kiln's Python loader sets one (torch.cuda.MemPool and use_mem_pool); a C++
- * host with libtorch can call c10::cuda::CUDACachingAllocator::beginAllocateToPool,
+ * go to another pool, say) must fail its BEGIN. kiln's Python loader sets one (torch.cuda.MemPool
+ * and use_mem_pool); a C++ host with libtorch can call
+ * c10::cuda::CUDACachingAllocator::beginAllocateToPool,
  * endAllocateToPool and releasePool. Set it before the model's first run. Without a hook, calls
  * into torch run directly between the graphs. A cpu model takes no hook (KILN_BAD_ARGUMENT). */
 #define KILN_POOL_BEGIN 1

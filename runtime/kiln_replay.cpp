@@ -2,7 +2,6 @@
 #include "kiln_replay.h"
 
 #include <exception>
-#include <memory>
 #include <mutex>
 #include <string>
 
@@ -77,11 +76,14 @@ PoolHook::~PoolHook() {
 }
 
 namespace {
-// The pool hook's BEGIN for a scope; its END when the scope ends, or at end() (which throws).
+// The pool hook's BEGIN for a scope (begin(), which throws; a BEGIN that fails is not ended);
+// its END when the scope ends, or at end() (which throws).
 class PoolScope {
  public:
-  explicit PoolScope(PoolHook* pool) : pool_(pool) {
-    if (pool_ != nullptr) pool_->call(KILN_POOL_BEGIN);
+  PoolScope() = default;
+  void begin(PoolHook* pool) {
+    pool->call(KILN_POOL_BEGIN);
+    pool_ = pool;
   }
   ~PoolScope() {
     try {
@@ -98,7 +100,7 @@ class PoolScope {
   }
 
  private:
-  PoolHook* pool_;
+  PoolHook* pool_ = nullptr;
 };
 }  // namespace
 
@@ -169,16 +171,15 @@ void Replay::record(cuda::Device& device, const std::function<void()>& main) {
 void Replay::record_pooled(const std::function<void()>& main) {
   // Note: a hook that fails at its BEGIN costs only the calls into torch: they run directly,
   // and kiln's kernels are recorded as without a hook.
-  std::unique_ptr<PoolScope> pool;
+  PoolScope pool;
   began_ = true;
   pool_failure_.clear();
   torch_captured_ = pool_ != nullptr && pool_->set();
   try {
-    pool = std::make_unique<PoolScope>(torch_captured_ ? pool_ : nullptr);
+    if (torch_captured_) pool.begin(pool_);
   } catch (...) {
     pool_failure_ = what_failed();
     torch_captured_ = false;
-    pool = std::make_unique<PoolScope>(nullptr);
   }
   mode_ = Mode::kDirect;
   main();  // a failure here is the run's own: it propagates, and the next run records again
@@ -187,7 +188,7 @@ void Replay::record_pooled(const std::function<void()>& main) {
     main();
     close_segment();
     in_graph_call_ = true;  // a pool hook that fails at its end leaves graphs of unknown memory
-    pool->end();
+    pool.end();
     in_graph_call_ = false;
     recorded_ = true;
     // with nothing captured, replay would only add the copies of inputs and outputs

@@ -183,10 +183,8 @@ Tensor view(void* data, DType dtype, std::initializer_list<int64_t> sizes,
 #define gpu_fn(fn) \
   ([] { static const auto found = reinterpret_cast<decltype(&fn)>(cuda::shim_function(#fn)); return found; }())
 
-// Note: a matmul runs directly, never in a CUDA graph (kiln_replay.h): cuBLAS writes a workspace
-// that torch owns per (handle, stream) and frees when anyone calls clearCublasWorkspaces, as
-// every torch.cuda.graph capture and torch.compile's reduce-overhead do; a graph would keep
-// writing the freed memory. Capturing matmuls waits for a workspace of the model's own.
+// Note: a call into torch joins a CUDA graph only where the host set a pool hook (replayed_torch;
+// kiln_replay.h): its allocations and cuBLAS's workspace must stay the model's while the graph lives.
 void mm(const Tensor& out, const Tensor& a, const Tensor& b, const char* what) {
   if (on_gpu()) {
     if (replayed_torch("mm")) return;

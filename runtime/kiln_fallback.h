@@ -87,6 +87,10 @@ class FallbackCall {
     for (const Owned& o : owned_) release(o);
   }
 
+  // The caller already asked the replay whether this call runs (a call into torch the runtime
+  // makes, kiln_runtime.cpp): run() does not end the graph segment as a fallback op's does.
+  void replay_decided() { direct_ = false; }
+
   void push_tensor(AtenTensorHandle borrowed) {
     AtenTensorHandle fresh = nullptr;
     check(aoti_torch_new_tensor_handle(borrowed, &fresh), "aoti_torch_new_tensor_handle");
@@ -147,7 +151,7 @@ class FallbackCall {
     if (ran_) fail("run() twice");
     if (!list_starts_.empty()) fail("a list was begun and never ended");
     ran_ = true;
-    runs_directly(what_);
+    if (direct_) runs_directly(what_);
     std::vector<StableValue> stack(std::max(values_.size(), returns.size()), 0);
     std::copy(values_.begin(), values_.end(), stack.begin());
     owned_.reserve(std::max(owned_.size(), returns.size()));  // so taking the returns cannot throw
@@ -291,6 +295,7 @@ class FallbackCall {
   const char* overload_;
   const char* what_;
   bool ran_ = false;
+  bool direct_ = true;  // run() tells the replay it runs directly (see replay_decided)
   std::vector<StableValue> values_;  // the argument stack, being built
   std::vector<size_t> list_starts_;  // where each open list's elements begin in values_
   std::vector<Owned> owned_;  // handles, boxes and lists to free

@@ -14,6 +14,7 @@
 
 #include "kiln_cpu.h"
 #include "kiln_cuda.h"
+#include "kiln_fallback.h"
 #include "kiln_replay.h"
 #include "kiln_safetensors.h"
 #include "kiln_verify.h"
@@ -240,6 +241,30 @@ void convolution(const Tensor& out, const Tensor& x, const Tensor& w, const Tens
                                    &ret),
         what);
   take(out, Tensor(ret), what);
+}
+
+// Note: through the dispatcher, as a fallback op is called (kiln_fallback.h), since the shim
+// has no cudnn_convolution; but captured as the other calls into torch are, where the run's
+// replay has a pool hook (`replayed_torch`), not run directly as a fallback is. The flags are
+// eager's defaults (benchmark off, deterministic off, TF32 allowed: read by cuDNN for float32
+// only, which lowering keeps on at::convolution).
+void cudnn_convolution(const Tensor& out, const Tensor& x, const Tensor& w, std::initializer_list<int64_t> stride,
+                       std::initializer_list<int64_t> padding, std::initializer_list<int64_t> dilation,
+                       int64_t groups, const char* what) {
+  if (replayed_torch("convolution")) return;
+  FallbackCall call("aten::cudnn_convolution", "out", what);
+  call.replay_decided();
+  call.push_tensor(x.get());
+  call.push_tensor(w.get());
+  call.push_int_list(padding);
+  call.push_int_list(stride);
+  call.push_int_list(dilation);
+  call.push_int(groups);
+  call.push_bool(false);
+  call.push_bool(false);
+  call.push_bool(true);
+  call.push_tensor(out.get());
+  call.run({Ret::kTensor});  // the out tensor itself, which the call's end lets go of
 }
 
 // Note: attention runs torch's own kernels through the shim, each taking an additive float

@@ -141,6 +141,11 @@ void convolution(const Tensor& out, const Tensor& x, const Tensor& w, const Tens
                  std::initializer_list<int64_t> stride, std::initializer_list<int64_t> padding,
                  std::initializer_list<int64_t> dilation, bool transposed,
                  std::initializer_list<int64_t> output_padding, int64_t groups, const char* what);
+// A GPU convolution with no bias, not transposed, where eager's would run on cuDNN: written
+// into out by cudnn_convolution's .out overload, with eager's default cuDNN flags.
+void cudnn_convolution(const Tensor& out, const Tensor& x, const Tensor& w, std::initializer_list<int64_t> stride,
+                       std::initializer_list<int64_t> padding, std::initializer_list<int64_t> dilation,
+                       int64_t groups, const char* what);
 void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask,
                double dropout_p, bool is_causal, const double* scale, const char* what);
 

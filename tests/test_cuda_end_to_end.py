@@ -118,3 +118,55 @@ def test_the_readme_cpp_example_runs_a_cuda_model(tmp_path: Path, gpu_cache: Cac
     x = ((torch.arange(32 * 64) % 100).float().reshape(32, 64) * 0.01).cuda()
     want = load(out)(x).cpu()
     assert float(ran.stdout.split("sum")[1]) == pytest.approx(float(want.double().sum()), rel=1e-4)
+
+
+def _half_convolutions() -> object:
+    import torch
+    from torch import nn
+
+    class Convolutions(nn.Module):
+        """Each kind of convolution the cuda wrapper tells apart (tasks/gen_cpp/wrapper.py: on_cudnn):
+        cuDNN's into a batch norm and ReLU, and feeding another, and 3-d; at::convolution's
+        depthwise one, and one with a bias whose product is an output."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+            self.norm = nn.BatchNorm2d(16)
+            self.plain = nn.Conv2d(16, 16, 1, bias=False)
+            self.depthwise = nn.Conv2d(16, 32, 3, padding=1, groups=16)
+            self.head = nn.Conv2d(32, 8, 3, stride=2, dilation=2)
+            self.volume = nn.Conv3d(2, 4, 3, padding=1, bias=False)
+
+        def forward(self, x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = torch.relu(self.norm(self.stem(x)))
+            y = self.depthwise(self.plain(y)) + 1
+            return self.head(y), self.volume(v)
+
+    torch.manual_seed(0)
+    model = Convolutions().eval()
+    with torch.no_grad():
+        model.norm.running_mean.uniform_(-0.5, 0.5)  # type: ignore[union-attr]
+        model.norm.running_var.uniform_(0.5, 1.5)  # type: ignore[union-attr]
+    return model
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_convolutions_through_cudnn_match_eager(dtype: str, tmp_path: Path) -> None:
+    import torch
+
+    import kiln
+
+    half = getattr(torch, dtype)
+    model: torch.nn.Module = _half_convolutions().to("cuda", half)  # type: ignore[attr-defined]
+    inputs = (torch.randn(4, 3, 20, 20, device="cuda", dtype=half),
+              torch.randn(2, 2, 6, 6, 6, device="cuda", dtype=half))
+    compiled = kiln.compile(model, inputs, target="cuda", out=tmp_path / "b", cache_dir=tmp_path / "c")
+    (wrapper,) = (tmp_path / "c").rglob("gen-cpp/*/wrapper.cpp")  # the one model's
+    assert wrapper.read_text().count("kiln::cudnn_convolution(") == 3  # stem, plain, volume
+    with torch.no_grad():
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            fresh = tuple(torch.randn_like(t) for t in inputs)
+            _assert_matches(compiled(*fresh), model(*fresh))
+            _assert_matches(compiled(*fresh), model(*fresh))  # replayed

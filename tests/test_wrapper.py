@@ -114,3 +114,33 @@ def test_golden_cuda_wrappers(name: str) -> None:
         if not os.environ.get("KILN_UPDATE_GOLDEN"):
             pytest.fail(f"wrote missing golden file {path}; rerun")
     assert text == path.read_text(), f"{path} differs; KILN_UPDATE_GOLDEN=1 rewrites it"
+
+
+class Convolutions(torch.nn.Module):
+    """A convolution of each kind the cuda wrapper tells apart (wrapper.on_cudnn)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)  # cuDNN's
+        self.biased = torch.nn.Conv2d(8, 8, 1)  # at::convolution adds the bias
+        self.depthwise = torch.nn.Conv2d(8, 16, 3, groups=8, bias=False)  # torch's own kernel
+        self.volume = torch.nn.Conv3d(2, 2, 3, bias=False)  # cuDNN's
+        self.line = torch.nn.Conv1d(2, 2, 3, bias=False)  # eager makes it 2-d first
+
+    def forward(self, x: torch.Tensor, v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.depthwise(torch.relu(self.biased(self.plain(x)))), self.volume(v), self.line(s)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_the_cuda_wrapper_calls_cudnn_for_a_convolution_eager_runs_there(dtype: torch.dtype) -> None:
+    module = Convolutions().to(dtype)
+    inputs = (torch.randn(2, 4, 8, 8), torch.randn(1, 2, 5, 5, 5), torch.randn(1, 2, 9))
+    schedule = compile_fn(module, *(t.to(dtype) for t in inputs)).schedule
+    cuda = wrapper_source(schedule, CudaLauncher(_default_decisions(schedule)), "x86-64")
+    assert "kiln::cudnn_convolution(" not in wrapper_source(schedule, CpuLauncher())
+    if dtype is torch.float32:  # cuDNN's TF32 choice is the caller's process's
+        assert "kiln::cudnn_convolution(" not in cuda
+        return
+    assert cuda.count("kiln::cudnn_convolution(") == 2
+    assert cuda.count("kiln::convolution(") == 3
+    assert "kiln::cudnn_convolution(out, in0, in1, {1, 1}, {1, 1}, {1, 1}, 1, " in cuda

@@ -1,5 +1,5 @@
 """CUDA graph replay, measured (not a timed test; needs a GPU):
-`python3 bench/cuda_replay.py [MODEL ...] [--runs N] [--no-torch]`.
+`python3 bench/cuda_replay.py [MODEL ...] [--runs N] [--dtype D] [--no-torch]`.
 
 For each model (default: mlp bert gpt2 resnet18), compiled once for cuda (a cache of the run's
 own), in one process: the latency of kiln's model.so with direct launches (graphs=False) and
@@ -52,14 +52,26 @@ def max_error(got: Any, want: Any) -> float:
                 zip(flat_tensors(got), flat_tensors(want), strict=True)), default=0.0)
 
 
-def bench_model(name: str, root: Path, runs: int, with_torch: bool) -> dict[str, Any]:
+def in_dtype(config: Any, dtype: str) -> Any:
+    """The config with its model and its float inputs in `dtype` (the reference configs are
+    float32; issue 23's figures are float16's)."""
+    from dataclasses import replace
+
+    from contract.config import FLOAT_DTYPES
+
+    inputs = [{**spec, "dtype": dtype} if spec["dtype"] in FLOAT_DTYPES else spec
+              for spec in config.fields["inputs"]]
+    return replace(config, fields={**config.fields, "model.dtype": dtype, "inputs": inputs})
+
+
+def bench_model(name: str, root: Path, runs: int, with_torch: bool, dtype: str) -> dict[str, Any]:
     import torch
 
     from kiln import compile_config, load_config
     from kiln.loader import load
     from kiln.run_model import eager_model, random_inputs
 
-    config = load_config(name)
+    config = in_dtype(load_config(name), dtype)
     out = root / name
     compile_config(config, target="cuda", out=out, cache_dir=root / "cache")
     model = eager_model(config, out).cuda()
@@ -70,7 +82,7 @@ def bench_model(name: str, root: Path, runs: int, with_torch: bool) -> dict[str,
     if with_torch:
         engines["torch.compile"] = torch.compile(model)
         engines["torch.compile:reduce-overhead"] = torch.compile(model, mode="reduce-overhead")
-    row: dict[str, Any] = {"model": name}
+    row: dict[str, Any] = {"model": name, "dtype": dtype}
     with torch.no_grad():
         want = model(*inputs)
         row["eager ms"] = median_ms(lambda: model(*inputs), runs)
@@ -98,19 +110,22 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="*", default=list(DEFAULT_MODELS))
     p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"),
+                   help="the models' and their float inputs' dtype (default float16, as issue 23 measures)")
     p.add_argument("--no-torch", action="store_true", help="kiln only (no torch.compile)")
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             try:
-                rows.append(bench_model(name, Path(tmp), args.runs, not args.no_torch))
+                rows.append(bench_model(name, Path(tmp), args.runs, not args.no_torch, args.dtype))
             except Exception as err:  # one model's failure is a row, not the end of the run
                 rows.append({"model": name, "error": f"{type(err).__name__}: {str(err)[:300]}"})
             print(rows[-1], flush=True)
     for row in rows:
         ms = {k: v for k, v in row.items() if k.endswith(" ms")}
-        print(row["model"], " ".join(f"{k}={v:.3f}" for k, v in ms.items()), row.get("error", ""))
+        times = " ".join(f"{k}={v:.3f}" for k, v in ms.items())
+        print(row["model"], row.get("dtype", ""), times, row.get("error", ""))
         if "kiln replay ms" in row:
             replay = row["kiln replay ms"]
             versus = row.get("torch.compile:reduce-overhead ms")

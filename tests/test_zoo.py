@@ -139,3 +139,23 @@ def test_the_zoo_check_counts_nans_and_infs_instead_of_losing_them() -> None:
     assert compare([(both.clone(), both)]) == (0.0, 2)  # non-finite where eager has it: counted
     assert compare([(torch.tensor([nan, 2.0, inf]), both)])[0] == float("inf")
     assert compare([(torch.ones(2), want)])[0] == float("inf")  # a shape that differs
+
+
+def test_a_half_precision_mismatch_is_judged_against_float32_eager() -> None:
+    from scripts.zoo import against_float32
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).bfloat16()
+    x = torch.randn(4, 64).bfloat16()
+    with torch.no_grad():
+        want = module(x)
+        exact = module.float()(x.float())
+    module.bfloat16()
+    near = exact.bfloat16()  # the float32 result rounded once: nearer to it than eager's bfloat16
+    judged = against_float32(module, (x,), near, want, tolerance=1e-6)
+    assert judged["status"] == "ok"
+    assert judged["float32_error_kiln"] <= judged["float32_error_eager"]
+    far = want + want.abs().max() * 0.5  # farther from float32 than eager, and than the tolerance
+    judged = against_float32(module, (x,), far, want, tolerance=1e-6)
+    assert "status" not in judged
+    assert judged["float32_error_kiln"] > judged["float32_error_eager"]

@@ -57,9 +57,9 @@ def in_dtype(config: Any, dtype: str) -> Any:
     float32; issue 23's figures are float16's)."""
     from dataclasses import replace
 
-    from contract.config import FLOAT_DTYPES
+    import torch
 
-    inputs = [{**spec, "dtype": dtype} if spec["dtype"] in FLOAT_DTYPES else spec
+    inputs = [{**spec, "dtype": dtype} if getattr(torch, spec["dtype"]).is_floating_point else spec
               for spec in config.fields["inputs"]]
     return replace(config, fields={**config.fields, "model.dtype": dtype, "inputs": inputs})
 

@@ -217,7 +217,10 @@ class _KernelGen:
     def __init__(self, k: Kernel, variant: TritonVariant) -> None:
         self.k = k
         self.variant = variant
-        self.two_d = bool(k.reduce_ranges) or variant.kind == "tiled"
+        # a tiled kernel (and a matmul's epilogue, tasks/codegen/triton_matmul.py) walks its loop
+        # nest in 2-D tiles: its outer loops along the rows, its inner ones along the columns
+        self.tiles = variant.kind in ("tiled", "matmul")
+        self.two_d = bool(k.reduce_ranges) or self.tiles
         self.specs = {p.name: p.spec for p in k.params}
         self.locals = {b.name: b for b in k.locals}
         self.helpers: set[str] = set()
@@ -239,7 +242,7 @@ class _KernelGen:
 
     def loop_shape(self, n: int) -> Shape:
         """The block axis loop i<n> runs along: rows, or a tiled kernel's inner loops' columns."""
-        return R if self.variant.kind == "tiled" and n >= self.variant.split else X
+        return R if self.tiles and n >= self.variant.split else X
 
     def writer(self) -> ExprWriter:
         shapes = {f"i{n}": self.loop_shape(n) for n in range(len(self.k.ranges))}
@@ -335,7 +338,7 @@ class _KernelGen:
 
     def store(self, out: Buffer, value: tuple[str, Shape], dtype: DType, full: bool) -> list[str]:
         """Store a root value (if out is a parameter) and keep it for reads later in the kernel."""
-        shape = XR if full or self.variant.kind == "tiled" else X
+        shape = XR if full or self.tiles else X
         self.values[out.name] = (value[0], value[1], full)
         if out.name in self.locals or out.name in self.stored:
             return []

@@ -1,0 +1,232 @@
+"""A matmul and its epilogue as one Triton kernel: the product is computed a tile at a time with
+`tl.dot` over K, rounded to the product's dtype as the library call's result would be, and the
+pointwise kernel that reads it (a bias, a GELU, a residual add, a scaling) runs on that tile in
+registers, so the product never goes to memory.
+
+The matmul is one of the schedule's extern calls (mm, bmm, addmm, baddbmm) and the epilogue one
+of its kernels: a pointwise kernel over the product's shape that reads the product only at its
+own index. The kernel's parameters are the call's inputs (a, b, and addmm's `self`), then the
+epilogue's other parameters in their order; each is a pointer to the first element of a view
+whose strides are compiled in. The grid is (row tiles x column tiles, batch); row tiles are
+grouped (GROUP_M) so that the programs running at once share columns of b in L2.
+
+Note: rounding as the library does. cuBLAS accumulates in float32 and rounds its result once to
+the output dtype, after adding addmm's `beta * self`; the epilogue then reads that rounded value,
+as kiln's epilogue kernel reads the product buffer. float32 inputs are multiplied in full
+precision (`input_precision="ieee"`), as torch's matmuls are unless TF32 is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.codegen.triton_expr import HELPERS, TL
+from tasks.codegen.triton_kernel import SIGNATURE_TYPES, TritonVariant, _KernelGen
+from tasks.ir.dtypes import DType
+from tasks.ir.expr import Op, loads
+from tasks.ir.nodes import Extern, ExternOp, Pointwise, View
+from tasks.schedule.model import Kernel, Param
+
+MATMULS = (ExternOp.MM, ExternOp.BMM, ExternOp.ADDMM, ExternOp.BADDBMM)
+FLOATS = (DType.F16, DType.BF16, DType.F32)
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """A matmul call and the epilogue kernel that reads its product (`product`: its param)."""
+
+    call: Extern
+    epilogue: Kernel
+    product: Param
+
+    @property
+    def a(self) -> View:
+        return _view(self.call.inputs[-2])
+
+    @property
+    def b(self) -> View:
+        return _view(self.call.inputs[-1])
+
+    @property
+    def bias(self) -> View | None:
+        return self.call.inputs[0] if self.call.op in (ExternOp.ADDMM, ExternOp.BADDBMM) else None
+
+    @property
+    def scales(self) -> tuple[float, float]:
+        """(alpha, beta) of addmm and baddbmm; (1, 0) for mm and bmm."""
+        params = json.loads(self.call.params)
+        return float(params.get("alpha", 1)), float(params.get("beta", 0))
+
+    @property
+    def batched(self) -> bool:
+        return self.call.op in (ExternOp.BMM, ExternOp.BADDBMM)
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(batch, M, N, K): batch 1 for mm and addmm."""
+        a, b = self.a, self.b
+        batch = a.shape[0] if self.batched else 1
+        return batch, a.shape[-2], b.shape[-1], a.shape[-1]
+
+    def param_names(self) -> list[str]:
+        """The kernel's parameters: the call's inputs, then the epilogue's but the product."""
+        head = ["a", "b"] + (["bias"] if self.bias is not None else [])
+        return head + [p.name for p in self.epilogue.params if p is not self.product]
+
+
+def _view(v: View | None) -> View:
+    if v is None:
+        raise ValueError("a matmul's operand is absent")
+    return v
+
+
+def matmul_epilogue(call: Extern, epilogue: Kernel) -> Matmul | None:
+    """The pair as one template, or None where the kernel is not the call's epilogue: a float
+    matmul whose product the kernel reads, only at its own index, in a pointwise kernel over the
+    product's shape (nothing else of the kernel may depend on the order of its elements)."""
+    if call.op not in MATMULS or call.out.dtype not in FLOATS or 0 in call.out.shape:
+        return None
+    if any(v is not None and v.dtype is not call.out.dtype for v in call.inputs[-2:]):
+        return None
+    if epilogue.reduce_ranges or epilogue.ranges != call.out.shape:
+        return None
+    if not all(isinstance(n, Pointwise) for n in epilogue.nodes):
+        return None
+    product = [p for p in epilogue.params if p.buffer == call.out.name]
+    if len(product) != 1 or product[0].role != "in":
+        return None
+    own = tuple(f"i{n}" for n in range(len(call.out.shape)))
+    for node in epilogue.nodes:
+        assert isinstance(node, Pointwise)
+        for load in loads(node.body):
+            if load.arg != product[0].name:
+                continue
+            if tuple(str(a.arg) if a.op is Op.VAR else None for a in load.args) != own:
+                return None
+    return Matmul(call, epilogue, product[0])
+
+
+def matmul_configs(m: Matmul) -> list[dict[str, int]]:
+    """Tile shapes for Hopper (the default first), fewer where the product is small: XBLOCK rows
+    (M), RBLOCK columns (N), KBLOCK of the inner dimension, GROUP_M row tiles per group."""
+    _, rows, cols, depth = m.sizes
+    found: list[dict[str, int]] = []
+    for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+                                      (64, 64, 64, 4, 4), (128, 256, 64, 8, 3), (64, 64, 32, 4, 5),
+                                      (32, 64, 32, 4, 5), (16, 64, 64, 4, 4)):
+        shrunk = {"XBLOCK": max(16, min(bm, _pow2(rows))), "RBLOCK": max(16, min(bn, _pow2(cols))),
+                  "KBLOCK": max(16, min(bk, _pow2(depth))), "GROUP_M": 8, "num_warps": warps,
+                  "num_stages": stages}
+        if shrunk not in found:
+            found.append(shrunk)
+    return found
+
+
+def matmul_signature(m: Matmul) -> dict[str, str]:
+    views = [m.a, m.b] + ([m.bias] if m.bias is not None else [])
+    sig = {name: "*" + SIGNATURE_TYPES[v.dtype] for name, v in zip(("a", "b", "bias"), views, strict=False)}
+    sig |= {p.name: "*" + SIGNATURE_TYPES[p.spec.dtype] for p in m.epilogue.params if p is not m.product}
+    return sig | dict.fromkeys(("XBLOCK", "RBLOCK", "KBLOCK", "GROUP_M"), "constexpr")
+
+
+def matmul_grid(m: Matmul, config: dict[str, int]) -> tuple[int, int, int]:
+    batch, rows, cols, _ = m.sizes
+    tiles = -(-rows // config["XBLOCK"]) * -(-cols // config["RBLOCK"])
+    return tiles, batch, 1
+
+
+def _span(v: View) -> int:
+    """Elements from a view's first to one past its last."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(v.shape, v.stride, strict=True))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def matmul_source(m: Matmul, name: str) -> str:
+    gen = _MatmulGen(m)
+    body = gen.body()
+    params = ", ".join([*m.param_names(), "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr",
+                        "KBLOCK: tl.constexpr", "GROUP_M: tl.constexpr"])
+    head = ["import triton", "import triton.language as tl", "from triton.language.extra import libdevice",
+            "", ""]
+    helpers = [HELPERS[h] + "\n\n" for h in sorted(gen.helpers)]
+    lines = [*head, *helpers, "@triton.jit", f"def {name}({params}):", *("    " + x for x in body)]
+    return "\n".join(lines) + "\n"
+
+
+class _MatmulGen(_KernelGen):
+    """The epilogue kernel's generator, tiled over the product's rows and columns, with the
+    product's tile computed first and read from registers (see the module's note)."""
+
+    def __init__(self, m: Matmul) -> None:
+        super().__init__(m.epilogue, TritonVariant("matmul", split=len(m.call.out.shape) - 1))
+        self.m = m
+
+    def body(self) -> list[str]:
+        m = self.m
+        _, rows, cols, depth = m.sizes
+        n = len(m.call.out.shape)
+        views = [m.a, m.b] + ([m.bias] if m.bias is not None else [])
+        self.wide |= max(_span(v) for v in views) >= 2**31 - 1
+        wide = ".to(tl.int64)" if self.wide else ""
+        lines = [f"pid = tl.program_id(0){wide}",
+                 f"tiles_m = tl.cdiv({rows}, XBLOCK)", f"tiles_n = tl.cdiv({cols}, RBLOCK)",
+                 "group = GROUP_M * tiles_n", "first_m = (pid // group) * GROUP_M",
+                 "group_m = tl.minimum(tiles_m - first_m, GROUP_M)",
+                 "pid_m = first_m + (pid % group) % group_m", "pid_n = (pid % group) // group_m",
+                 "xindex = pid_m * XBLOCK + tl.arange(0, XBLOCK)[:, None]", f"xmask = xindex < {rows}",
+                 "rindex = pid_n * RBLOCK + tl.arange(0, RBLOCK)[None, :]", f"rmask = rindex < {cols}",
+                 f"i{n - 2} = xindex", f"i{n - 1} = rindex"]
+        if m.batched:
+            lines.append(f"i0 = tl.program_id(1){wide}")
+        lines += self.product_tile(depth)
+        self.values[m.product.name] = ("product", frozenset({"x", "r"}), False)
+        return lines + self.pointwise_body()
+
+    def product_tile(self, depth: int) -> list[str]:
+        m = self.m
+        a, b = m.a, m.b
+        batch_a = f"i0 * {a.stride[0]} + " if m.batched and a.stride[0] else ""
+        batch_b = f"i0 * {b.stride[0]} + " if m.batched and b.stride[0] else ""
+        precision = ', input_precision="ieee"' if m.call.out.dtype is DType.F32 else ""
+        lines = ["acc = tl.zeros([XBLOCK, RBLOCK], dtype=tl.float32)",
+                 f"for k in range(0, {depth}, KBLOCK):",
+                 "    kk = k + tl.arange(0, KBLOCK)",
+                 f"    left = tl.load(a + {batch_a}xindex * {a.stride[-2]} + kk[None, :] * {a.stride[-1]}, "
+                 f"xmask & (kk[None, :] < {depth}), other=0.0)",
+                 f"    right = tl.load(b + {batch_b}kk[:, None] * {b.stride[-2]} + rindex * {b.stride[-1]}, "
+                 f"(kk[:, None] < {depth}) & rmask, other=0.0)",
+                 f"    acc += tl.dot(left, right{precision})"]
+        alpha, beta = m.scales
+        value = "acc" if alpha == 1 else f"acc * {alpha!r}"
+        if m.bias is not None and beta != 0:
+            lines.append(f"bias_tile = {self.bias_load(m.bias)}.to(tl.float32)")
+            value = f"{value} + bias_tile" if beta == 1 else f"{value} + bias_tile * {beta!r}"
+        dtype = m.call.out.dtype
+        rounded = f"({value}).to({TL[dtype]}).to(tl.float32)" if dtype is not DType.F32 else f"({value})"
+        return [*lines, f"product = {rounded}"]
+
+    def bias_load(self, bias: View) -> str:
+        """addmm's `self`, broadcast to the product as torch broadcasts it (aligned on the right)."""
+        out = self.m.call.out.shape
+        lead = len(out) - len(bias.shape)
+        terms, dims = [], set()
+        for d, (size, stride) in enumerate(zip(bias.shape, bias.stride, strict=True)):
+            if size != 1 and stride != 0:
+                terms.append(f"i{lead + d} * {stride}")
+                dims.add(lead + d)
+        offset = " + ".join(terms) if terms else "0"
+        tiled = {len(out) - 2, len(out) - 1} <= dims  # both the row and the column index: a full tile
+        full = "" if tiled else f"tl.full([XBLOCK, RBLOCK], 0, {self.index_type()}) + "
+        return f"tl.load(bias + {full}{offset}, xmask & rmask, other=0.0)"
+
+
+def describe(m: Matmul) -> dict[str, Any]:
+    """The pair for people and keys: op, sizes and the epilogue's kernel key."""
+    batch, rows, cols, depth = m.sizes
+    return {"op": m.call.op.value, "batch": batch, "m": rows, "n": cols, "k": depth,
+            "dtype": m.call.out.dtype.value, "epilogue": m.epilogue.key}

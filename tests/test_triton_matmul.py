@@ -1,0 +1,135 @@
+"""The matmul template (tasks/codegen/triton_matmul.py): a schedule's matmul call and the kernel
+that reads its product, as one Triton kernel, run under TRITON_INTERPRET=1 against eager, and
+compiled for sm_90 (no GPU needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tasks.codegen.triton_matmul import (
+    Matmul,
+    matmul_configs,
+    matmul_epilogue,
+    matmul_grid,
+    matmul_signature,
+    matmul_source,
+)
+from tasks.ir.nodes import Extern
+from tasks.schedule.model import CallStep, KernelStep, Schedule
+from tests.schedule_harness import compile_fn
+from tests.triton_source_worker import compile_sources, run_sources
+
+pytest.importorskip("triton")
+
+
+def pairs(schedule: Schedule) -> list[Matmul]:
+    """Each matmul call of the main graph with the kernel that reads its product, where they
+    make a template."""
+    found = []
+    steps = schedule.main.steps
+    for n, step in enumerate(steps):
+        if not (isinstance(step, CallStep) and isinstance(step.node, Extern)):
+            continue
+        readers = [schedule.kernel(s.kernel) for s in steps[n + 1:] if isinstance(s, KernelStep)
+                   and any(p.buffer == step.node.out.name for p in schedule.kernel(s.kernel).params)]
+        if len(readers) == 1 and (m := matmul_epilogue(step.node, readers[0])) is not None:
+            found.append(m)
+    return found
+
+
+def _h(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).half()
+
+
+CASES: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
+    # mm, then a bias (the float32 addmm rule makes F.linear mm + add) and ReLU; ragged tiles
+    "f32_linear_relu": (lambda x, w, b: torch.relu(F.linear(x, w, b)),
+                        (torch.randn(20, 24), torch.randn(40, 24), torch.randn(40))),
+    # addmm in float16 (cuBLAS's epilogue adds the bias before rounding), then exact GELU
+    "f16_addmm_gelu": (lambda x, w, b: F.gelu(torch.addmm(b, x, w.t())), (_h(18, 32), _h(48, 32), _h(48))),
+    # addmm with alpha and beta, a 2-d self, a residual add after it
+    "f16_addmm_scaled": (lambda s, x, w, r: torch.addmm(s, x, w, beta=0.5, alpha=2.0) + r,
+                         (_h(17, 33), _h(17, 40), _h(40, 33), _h(17, 33))),
+    # bmm over a transposed operand (a stride swap), scaled
+    "f32_bmm_scale": (lambda q, k: torch.bmm(q, k.transpose(1, 2)) * 0.125,
+                      (torch.randn(3, 19, 16), torch.randn(3, 21, 16))),
+    # mm whose product its epilogue reads twice (x * sigmoid(x))
+    "f16_mm_silu": (lambda a, b: F.silu(a @ b), (_h(16, 64), _h(64, 24))),
+}
+# Note: bfloat16 is compiled for sm_90 below, not interpreted: Triton 3.9's interpreter gives
+# garbage for tl.dot of bfloat16 blocks (1e10 off for a 16x16 product of randn values).
+COMPILED = {**CASES, "bf16_mm_silu": (lambda a, b: F.silu(a @ b),
+                                      (torch.randn(16, 64).bfloat16(), torch.randn(64, 24).bfloat16()))}
+
+
+def _job(m: Matmul, args: dict[str, torch.Tensor], config: dict[str, int]) -> dict[str, Any]:
+    views = {"a": m.a, "b": m.b, "bias": m.bias}
+    tensors: list[Any] = []
+    for name in m.param_names():
+        view = views.get(name)
+        if view is not None:
+            tensors.append(args[view.buffer].as_strided(view.shape, view.stride, view.offset))
+            continue
+        param = next(p for p in m.epilogue.params if p.name == name)
+        if param.buffer not in args:  # an output
+            args[param.buffer] = torch.empty_strided(param.spec.shape, param.spec.stride,
+                                                     dtype=_torch_dtype(param.spec.dtype))
+        tensors.append(args[param.buffer])
+    constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+    return {"source": matmul_source(m, "mm_epilogue"), "name": "mm_epilogue", "grid": matmul_grid(m, config),
+            "args": tensors, "constexprs": constexprs}
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    from tasks.ir.interpret import torch_dtype
+
+    return torch_dtype(dtype)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_matmul_and_its_epilogue_as_one_kernel_match_eager(name: str) -> None:
+    fn, inputs = CASES[name]
+    half = inputs[0].dtype != torch.float32
+    compiled = compile_fn(fn, *inputs, rtol=2e-2 if half else 1e-4, atol=2e-2 if half else 1e-5)
+    (m,) = pairs(compiled.schedule)
+    args = {b.name: t for b, t in zip(compiled.graph.inputs, inputs, strict=True)}
+    configs = matmul_configs(m)
+    jobs = [_job(m, dict(args), c) for c in (configs[0], configs[-1])]
+    with torch.no_grad():
+        want = fn(*inputs)
+    for got in run_sources(jobs):
+        out = got[-1]  # the epilogue's one output: its last parameter here
+        # float16: eager's own product is rounded as the template's is; a GELU may differ by a rounding
+        torch.testing.assert_close(out, want, rtol=1e-2 if half else 1e-4, atol=1e-2 if half else 1e-5)
+
+
+def test_a_kernel_that_reads_the_product_elsewhere_is_no_epilogue() -> None:
+    compiled = compile_fn(lambda a, b: (a @ b).t() + 1, torch.randn(16, 24), torch.randn(24, 32))
+    assert pairs(compiled.schedule) == []
+
+
+def test_a_reduction_over_the_product_is_no_epilogue() -> None:
+    compiled = compile_fn(lambda a, b: (a @ b).softmax(-1), torch.randn(16, 24), torch.randn(24, 32))
+    assert pairs(compiled.schedule) == []
+
+
+def test_every_template_and_config_compiles_for_hopper() -> None:
+    jobs, names = [], []
+    for name, (fn, inputs) in sorted(COMPILED.items()):
+        half = inputs[0].dtype != torch.float32
+        compiled = compile_fn(fn, *inputs, rtol=2e-2 if half else 1e-4, atol=2e-2 if half else 1e-5)
+        (m,) = pairs(compiled.schedule)
+        every = matmul_configs(m)
+        for config in every if name == "f16_addmm_gelu" else every[:1]:  # each tile shape once
+            constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+            jobs.append({"source": matmul_source(m, "mm_epilogue"), "name": "mm_epilogue",
+                         "signature": matmul_signature(m), "constexprs": constexprs,
+                         "options": {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}})
+            names.append(f"{name} {config}")
+    failed = [f"{n}:\n{e}" for n, e in zip(names, compile_sources(jobs), strict=True) if e]
+    assert not failed, "\n".join(failed)

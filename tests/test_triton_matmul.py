@@ -28,17 +28,15 @@ pytest.importorskip("triton")
 
 
 def pairs(schedule: Schedule) -> list[Matmul]:
-    """Each matmul call of the main graph with the kernel that reads its product, where they
-    make a template."""
-    found = []
+    """The main graph's matmul calls the schedule marked with their epilogue kernel, as templates."""
     steps = schedule.main.steps
-    for n, step in enumerate(steps):
-        if not (isinstance(step, CallStep) and isinstance(step.node, Extern)):
-            continue
-        readers = [schedule.kernel(s.kernel) for s in steps[n + 1:] if isinstance(s, KernelStep)
-                   and any(p.buffer == step.node.out.name for p in schedule.kernel(s.kernel).params)]
-        if len(readers) == 1 and (m := matmul_epilogue(step.node, readers[0])) is not None:
-            found.append(m)
+    found = []
+    for i in schedule.main.epilogues:
+        call, after = steps[i], steps[i + 1]
+        assert isinstance(call, CallStep) and isinstance(call.node, Extern) and isinstance(after, KernelStep)
+        m = matmul_epilogue(call.node, schedule.kernel(after.kernel))
+        assert m is not None
+        found.append(m)
     return found
 
 
@@ -133,3 +131,25 @@ def test_every_template_and_config_compiles_for_hopper() -> None:
             names.append(f"{name} {config}")
     failed = [f"{n}:\n{e}" for n, e in zip(names, compile_sources(jobs), strict=True) if e]
     assert not failed, "\n".join(failed)
+
+
+def test_a_matmuls_inputs_outlive_its_epilogue_in_the_arena() -> None:
+    """The epilogue kernel may compute the product from the call's inputs (the template), so its
+    outputs may not take their memory: here a's slot would be free for the GELU's output."""
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        a = x * 2  # a buffer of the arena, read last by the matmul
+        return F.gelu(a @ w) @ w  # the GELU's output is in the arena too
+
+    schedule = compile_fn(fn, torch.randn(32, 32), torch.randn(32, 32)).schedule
+    main = schedule.main
+    (i,) = main.epilogues
+    call, after = main.steps[i], main.steps[i + 1]
+    assert isinstance(call, CallStep) and isinstance(after, KernelStep)
+    offsets = dict(main.arena)
+    sizes = {b.name: b.nbytes for b in main.buffers}
+    inputs = {v.buffer for v in call.node.inputs if v is not None and v.buffer in offsets}
+    outputs = {p.buffer for p in schedule.kernel(after.kernel).params if p.role == "out" and p.buffer in offsets}
+    assert inputs and outputs
+    for a in inputs:
+        for b in outputs:
+            assert offsets[a] + sizes[a] <= offsets[b] or offsets[b] + sizes[b] <= offsets[a], (a, b)

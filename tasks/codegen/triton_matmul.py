@@ -25,12 +25,9 @@ from typing import Any
 from tasks.codegen.triton_expr import HELPERS, TL
 from tasks.codegen.triton_kernel import SIGNATURE_TYPES, TritonVariant, _KernelGen
 from tasks.ir.dtypes import DType
-from tasks.ir.expr import Op, loads
-from tasks.ir.nodes import Extern, ExternOp, Pointwise, View
+from tasks.ir.nodes import Extern, ExternOp, View
+from tasks.schedule.epilogues import product_param
 from tasks.schedule.model import Kernel, Param
-
-MATMULS = (ExternOp.MM, ExternOp.BMM, ExternOp.ADDMM, ExternOp.BADDBMM)
-FLOATS = (DType.F16, DType.BF16, DType.F32)
 
 
 @dataclass(frozen=True)
@@ -83,29 +80,10 @@ def _view(v: View | None) -> View:
 
 
 def matmul_epilogue(call: Extern, epilogue: Kernel) -> Matmul | None:
-    """The pair as one template, or None where the kernel is not the call's epilogue: a float
-    matmul whose product the kernel reads, only at its own index, in a pointwise kernel over the
-    product's shape (nothing else of the kernel may depend on the order of its elements)."""
-    if call.op not in MATMULS or call.out.dtype not in FLOATS or 0 in call.out.shape:
-        return None
-    if any(v is not None and v.dtype is not call.out.dtype for v in call.inputs[-2:]):
-        return None
-    if epilogue.reduce_ranges or epilogue.ranges != call.out.shape:
-        return None
-    if not all(isinstance(n, Pointwise) for n in epilogue.nodes):
-        return None
-    product = [p for p in epilogue.params if p.buffer == call.out.name]
-    if len(product) != 1 or product[0].role != "in":
-        return None
-    own = tuple(f"i{n}" for n in range(len(call.out.shape)))
-    for node in epilogue.nodes:
-        assert isinstance(node, Pointwise)
-        for load in loads(node.body):
-            if load.arg != product[0].name:
-                continue
-            if tuple(str(a.arg) if a.op is Op.VAR else None for a in load.args) != own:
-                return None
-    return Matmul(call, epilogue, product[0])
+    """The pair as one template, or None where the kernel is not the call's epilogue
+    (tasks/schedule/epilogues.py: product_param)."""
+    product = product_param(call, epilogue)
+    return None if product is None else Matmul(call, epilogue, product)
 
 
 def matmul_configs(m: Matmul) -> list[dict[str, int]]:

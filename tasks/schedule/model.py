@@ -98,6 +98,8 @@ class ScheduledGraph:
     arena: tuple[tuple[str, int], ...]  # buffer -> byte offset in this graph's arena
     arena_bytes: int
     writes: tuple[str, ...] = ()  # as Graph.writes: where the last outputs are copied after the run
+    # matmul calls (step indices) whose next step is their epilogue kernel: tasks/schedule/epilogues.py
+    epilogues: tuple[int, ...] = ()
 
     def user_outputs(self) -> tuple[str, ...]:
         return self.outputs[:len(self.outputs) - len(self.writes)]
@@ -214,7 +216,8 @@ def graph_json(g: ScheduledGraph) -> dict[str, Any]:
     buffers = [buffer_json(b) | {"arena_offset": offsets.get(b.name)} for b in g.buffers]
     return {"inputs": [buffer_json(b) for b in g.inputs], "outputs": list(g.outputs),
             "steps": [step_json(s) for s in g.steps], "buffers": buffers, "arena_bytes": g.arena_bytes} \
-        | ({"writes": list(g.writes)} if g.writes else {})
+        | ({"writes": list(g.writes)} if g.writes else {}) \
+        | ({"epilogues": list(g.epilogues)} if g.epilogues else {})
 
 
 def graph_from(d: dict[str, Any]) -> ScheduledGraph:
@@ -222,7 +225,7 @@ def graph_from(d: dict[str, Any]) -> ScheduledGraph:
     return ScheduledGraph(tuple(buffer_from(b) for b in d["inputs"]), tuple(d["outputs"]),
                           tuple(step_from(s) for s in d["steps"]),
                           tuple(buffer_from(b) for b in d["buffers"]), arena, d["arena_bytes"],
-                          tuple(d.get("writes", ())))
+                          tuple(d.get("writes", ())), tuple(d.get("epilogues", ())))
 
 
 def schedule_json(s: Schedule) -> dict[str, Any]:

@@ -8,6 +8,7 @@ for every refused inline or fusion.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from tasks.ir.nodes import (
@@ -24,6 +25,7 @@ from tasks.ir.nodes import (
     with_children,
 )
 from tasks.ir.text import graph_text
+from tasks.schedule.epilogues import product_param
 from tasks.schedule.fuse import Unit, fuse
 from tasks.schedule.inline import Decisions, eliminate_dead, inline_pointwise
 from tasks.schedule.kernels import make_kernel
@@ -67,7 +69,24 @@ def schedule_graph(graph: Graph, label: str, run: Run) -> ScheduledGraph:
     run.dumps[f"{label}/03-kernels.txt"] = "\n".join(
         kernel_text(run.kernels[int(s.kernel[1:])]) for s in steps if isinstance(s, KernelStep))
     run.dumps[f"{label}/refused.txt"] = "".join(f"{line}\n" for line in decisions.refused)
-    return planned(inlined, steps, run)
+    return planned(inlined, steps, run, matmul_epilogues(inlined, steps, run))
+
+
+def matmul_epilogues(graph: Graph, steps: list[Step], run: Run) -> tuple[int, ...]:
+    """The matmul calls whose product only the next step reads, as its epilogue kernel
+    (tasks/schedule/epilogues.py): their step indices."""
+    found = []
+    for i, (step, after) in enumerate(itertools.pairwise(steps)):
+        if not (isinstance(step, CallStep) and isinstance(after, KernelStep)):
+            continue
+        if not isinstance(step.node, Extern):
+            continue
+        product = step.node.out.name
+        readers = [s for s in steps if product in step_io(s, run)[0]]
+        kernel = next(k for k in run.kernels if k.name == after.kernel)
+        if readers == [after] and product not in graph.outputs and product_param(step.node, kernel):
+            found.append(i)
+    return tuple(found)
 
 
 def stored_buffers(units: list[Unit], outputs: tuple[str, ...]) -> set[str]:
@@ -106,12 +125,16 @@ def step_io(step: Step, run: Run) -> tuple[list[str], list[str]]:
     return [v.buffer for v in control_reads(step)], [b.name for b in step.outs]
 
 
-def liveness(steps: tuple[Step, ...] | list[Step], run: Run) -> tuple[dict[str, int], dict[str, int]]:
-    """For each buffer a step writes: the first step writing it and the last step touching it."""
+def liveness(steps: tuple[Step, ...] | list[Step], run: Run,
+             epilogues: tuple[int, ...] = ()) -> tuple[dict[str, int], dict[str, int]]:
+    """For each buffer a step writes: the first step writing it and the last step touching it.
+    A matmul's epilogue kernel counts as reading the matmul's inputs too (epilogues.py)."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for i, step in enumerate(steps):
         reads, writes = step_io(step, run)
+        if i - 1 in epilogues:
+            reads = reads + step_io(steps[i - 1], run)[0]
         for name in writes:
             first.setdefault(name, i)
             last.setdefault(name, i)
@@ -120,12 +143,12 @@ def liveness(steps: tuple[Step, ...] | list[Step], run: Run) -> tuple[dict[str, 
     return first, last
 
 
-def planned(graph: Graph, steps: list[Step], run: Run) -> ScheduledGraph:
-    first, last = liveness(steps, run)
+def planned(graph: Graph, steps: list[Step], run: Run, epilogues: tuple[int, ...] = ()) -> ScheduledGraph:
+    first, last = liveness(steps, run, epilogues)
     all_buffers = graph.buffers()
     written = [all_buffers[name] for name in first]
     arena = [Interval(b, first[b.name], last[b.name]) for b in written if b.name not in graph.outputs]
     offsets, size = plan_arena(arena)
     return ScheduledGraph(graph.inputs, graph.outputs, tuple(steps), tuple(written),
-                          tuple(sorted(offsets.items())), size, graph.writes)
+                          tuple(sorted(offsets.items())), size, graph.writes, epilogues)
 

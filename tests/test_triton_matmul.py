@@ -33,7 +33,9 @@ def pairs(schedule: Schedule) -> list[Matmul]:
     found = []
     for i in schedule.main.epilogues:
         call, after = steps[i], steps[i + 1]
-        assert isinstance(call, CallStep) and isinstance(call.node, Extern) and isinstance(after, KernelStep)
+        assert isinstance(call, CallStep)
+        assert isinstance(call.node, Extern)
+        assert isinstance(after, KernelStep)
         m = matmul_epilogue(call.node, schedule.kernel(after.kernel))
         assert m is not None
         found.append(m)
@@ -56,6 +58,10 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     # bmm over a transposed operand (a stride swap), scaled
     "f32_bmm_scale": (lambda q, k: torch.bmm(q, k.transpose(1, 2)) * 0.125,
                       (torch.randn(3, 19, 16), torch.randn(3, 21, 16))),
+    # a linear layer on (batch, tokens, features): the product's rows are the epilogue's first two
+    # loops; addmm's bias broadcast along the rows, a residual read at the epilogue's own index
+    "f16_linear_3d_residual": (lambda x, w, b, r: F.linear(x, w, b) + r,
+                               (_h(2, 9, 32), _h(40, 32), _h(40), _h(2, 9, 40))),
     # mm whose product its epilogue reads twice (x * sigmoid(x))
     "f16_mm_silu": (lambda a, b: F.silu(a @ b), (_h(16, 64), _h(64, 24))),
 }
@@ -144,12 +150,23 @@ def test_a_matmuls_inputs_outlive_its_epilogue_in_the_arena() -> None:
     main = schedule.main
     (i,) = main.epilogues
     call, after = main.steps[i], main.steps[i + 1]
-    assert isinstance(call, CallStep) and isinstance(after, KernelStep)
+    assert isinstance(call, CallStep)
+    assert isinstance(after, KernelStep)
     offsets = dict(main.arena)
     sizes = {b.name: b.nbytes for b in main.buffers}
     inputs = {v.buffer for v in call.node.inputs if v is not None and v.buffer in offsets}
-    outputs = {p.buffer for p in schedule.kernel(after.kernel).params if p.role == "out" and p.buffer in offsets}
-    assert inputs and outputs
+    kernel = schedule.kernel(after.kernel)
+    outputs = {p.buffer for p in kernel.params if p.role == "out" and p.buffer in offsets}
+    assert inputs
+    assert outputs
     for a in inputs:
         for b in outputs:
             assert offsets[a] + sizes[a] <= offsets[b] or offsets[b] + sizes[b] <= offsets[a], (a, b)
+
+
+@pytest.mark.parametrize("shape", [(1, 9, 32), (2, 1, 32), (3, 2, 5, 32)])
+def test_a_linear_layers_epilogue_is_found_over_any_leading_loops(shape: tuple[int, ...]) -> None:
+    layer = torch.nn.Linear(32, 48)
+    compiled = compile_fn(lambda x: F.gelu(layer(x)), torch.randn(*shape))
+    (m,) = pairs(compiled.schedule)
+    assert m.epilogue.ranges == (*shape[:-1], 48)

@@ -22,9 +22,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.codegen.triton_expr import HELPERS, TL
-from tasks.codegen.triton_kernel import SIGNATURE_TYPES, TritonVariant, _KernelGen
+from tasks.codegen.triton_expr import HELPERS, TL, Shape
+from tasks.codegen.triton_kernel import SIGNATURE_TYPES, TritonVariant, _KernelGen, _unflatten
 from tasks.ir.dtypes import DType
+from tasks.ir.expr import Expr
 from tasks.ir.nodes import Extern, ExternOp, View
 from tasks.schedule.epilogues import product_param
 from tasks.schedule.model import Kernel, Param
@@ -141,8 +142,14 @@ class _MatmulGen(_KernelGen):
     product's tile computed first and read from registers (see the module's note)."""
 
     def __init__(self, m: Matmul) -> None:
-        super().__init__(m.epilogue, TritonVariant("matmul", split=len(m.call.out.shape) - 1))
+        super().__init__(m.epilogue, TritonVariant("matmul", split=len(m.epilogue.ranges) - 1))
         self.m = m
+
+    def load(self, e: Expr, idx: list[tuple[str, Shape]],
+             guard: tuple[str, Shape] | None) -> tuple[str, Shape]:
+        if str(e.arg) == self.m.product.name:  # read at its own place (tasks/schedule/epilogues.py)
+            return "product", frozenset({"x", "r"})
+        return super().load(e, idx, guard)
 
     def body(self) -> list[str]:
         m = self.m
@@ -158,11 +165,14 @@ class _MatmulGen(_KernelGen):
                  "pid_m = first_m + (pid % group) % group_m", "pid_n = (pid % group) // group_m",
                  "xindex = pid_m * XBLOCK + tl.arange(0, XBLOCK)[:, None]", f"xmask = xindex < {rows}",
                  "rindex = pid_n * RBLOCK + tl.arange(0, RBLOCK)[None, :]", f"rmask = rindex < {cols}",
-                 f"i{n - 2} = xindex", f"i{n - 1} = rindex"]
+                 f"i{len(m.epilogue.ranges) - 1} = rindex"]
+        if len(m.epilogue.ranges) > n:  # the product's rows spread over the epilogue's leading loops
+            lines += _unflatten("xindex", "i", m.epilogue.ranges[:-1])
+        else:
+            lines.append(f"i{n - 2} = xindex")
         if m.batched:
             lines.append(f"i0 = tl.program_id(1){wide}")
         lines += self.product_tile(depth)
-        self.values[m.product.name] = ("product", frozenset({"x", "r"}), False)
         return lines + self.pointwise_body()
 
     def product_tile(self, depth: int) -> list[str]:
@@ -191,11 +201,12 @@ class _MatmulGen(_KernelGen):
     def bias_load(self, bias: View) -> str:
         """addmm's `self`, broadcast to the product as torch broadcasts it (aligned on the right)."""
         out = self.m.call.out.shape
+        place = ["i0", "xindex", "rindex"][-len(out):]  # the product's index: (batch,) row, column
         lead = len(out) - len(bias.shape)
         terms, dims = [], set()
         for d, (size, stride) in enumerate(zip(bias.shape, bias.stride, strict=True)):
             if size != 1 and stride != 0:
-                terms.append(f"i{lead + d} * {stride}")
+                terms.append(f"{place[lead + d]} * {stride}")
                 dims.add(lead + d)
         offset = " + ".join(terms) if terms else "0"
         tiled = {len(out) - 2, len(out) - 1} <= dims  # both the row and the column index: a full tile

@@ -126,9 +126,13 @@ class Convolutions(torch.nn.Module):
         self.depthwise = torch.nn.Conv2d(8, 16, 3, groups=8, bias=False)  # torch's own kernel
         self.volume = torch.nn.Conv3d(2, 2, 3, bias=False)  # cuDNN's
         self.line = torch.nn.Conv1d(2, 2, 3, bias=False)  # eager makes it 2-d first
+        self.weight = torch.nn.Parameter(torch.randn(4, 4, 3, 3))
 
     def forward(self, x: torch.Tensor, v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.depthwise(torch.relu(self.biased(self.plain(x)))), self.volume(v), self.line(s)
+        last = x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # channels-last: NHWC algorithms
+        return (self.depthwise(torch.relu(self.biased(self.plain(x)))), self.volume(v), self.line(s),
+                F.conv2d(x, self.weight, stride=[2], padding=[1]),  # one value for both dims, widened
+                F.conv2d(last, self.weight))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -141,6 +145,7 @@ def test_the_cuda_wrapper_calls_cudnn_for_a_convolution_eager_runs_there(dtype: 
     if dtype is torch.float32:  # cuDNN's TF32 choice is the caller's process's
         assert "kiln::cudnn_convolution(" not in cuda
         return
-    assert cuda.count("kiln::cudnn_convolution(") == 2
-    assert cuda.count("kiln::convolution(") == 3
+    assert cuda.count("kiln::cudnn_convolution(") == 3
+    assert cuda.count("kiln::convolution(") == 4
     assert "kiln::cudnn_convolution(out, in0, in1, {1, 1}, {1, 1}, {1, 1}, 1, " in cuda
+    assert "kiln::cudnn_convolution(out, in0, in1, {2, 2}, {1, 1}, {1, 1}, 1, " in cuda

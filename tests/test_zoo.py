@@ -5,6 +5,7 @@ an encoder, and BatchNorm blocks. The GPU machine runs the whole zoo:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,17 @@ def test_a_half_precision_mismatch_is_judged_against_float32_eager() -> None:
     judged = against_float32(module, (x,), far, want, tolerance=1e-6)
     assert "status" not in judged
     assert judged["float32_error_kiln"] > judged["float32_error_eager"]
+
+
+def test_a_nan_output_never_passes_against_float32_where_eager_overflows() -> None:
+    from scripts.zoo import against_float32
+
+    module = torch.nn.Linear(4, 4, bias=False).half()
+    with torch.no_grad():
+        module.weight.fill_(300.0)
+    x = torch.full((2, 4), 300.0).half()
+    with torch.no_grad():
+        want = module(x)  # 360000 overflows float16: eager's error against float32 is infinite
+    assert torch.isinf(want).all()
+    judged = against_float32(module, (x,), torch.full_like(want, math.nan), want, tolerance=2e-2)
+    assert "status" not in judged

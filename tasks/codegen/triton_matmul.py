@@ -7,8 +7,8 @@ The matmul is one of the schedule's extern calls (mm, bmm, addmm, baddbmm) and t
 of its kernels: a pointwise kernel over the product's shape that reads the product only at its
 own index. The kernel's parameters are the call's inputs (a, b, and addmm's `self`), then the
 epilogue's other parameters in their order; each is a pointer to the first element of a view
-whose strides are compiled in. The grid is (row tiles x column tiles, batch); row tiles are
-grouped (GROUP_M) so that the programs running at once share columns of b in L2.
+whose strides are compiled in. The grid is batch x row tiles x column tiles, on its first axis;
+row tiles are grouped (GROUP_M) so that the programs running at once share columns of b in L2.
 
 Note: rounding as the library does. cuBLAS accumulates in float32 and rounds its result once to
 the output dtype, after adding addmm's `beta * self`; the epilogue then reads that rounded value,
@@ -111,9 +111,10 @@ def matmul_signature(m: Matmul) -> dict[str, str]:
 
 
 def matmul_grid(m: Matmul, config: dict[str, int]) -> tuple[int, int, int]:
+    """Every batch's tiles along the grid's first axis (its second holds at most 65535)."""
     batch, rows, cols, _ = m.sizes
     tiles = -(-rows // config["XBLOCK"]) * -(-cols // config["RBLOCK"])
-    return tiles, batch, 1
+    return tiles * batch, 1, 1
 
 
 def _span(v: View) -> int:
@@ -159,19 +160,19 @@ class _MatmulGen(_KernelGen):
         self.wide |= max(_span(v) for v in views) >= 2**31 - 1
         wide = ".to(tl.int64)" if self.wide else ""
         lines = [f"pid = tl.program_id(0){wide}",
-                 f"tiles_m = tl.cdiv({rows}, XBLOCK)", f"tiles_n = tl.cdiv({cols}, RBLOCK)",
-                 "group = GROUP_M * tiles_n", "first_m = (pid // group) * GROUP_M",
-                 "group_m = tl.minimum(tiles_m - first_m, GROUP_M)",
-                 "pid_m = first_m + (pid % group) % group_m", "pid_n = (pid % group) // group_m",
-                 "xindex = pid_m * XBLOCK + tl.arange(0, XBLOCK)[:, None]", f"xmask = xindex < {rows}",
-                 "rindex = pid_n * RBLOCK + tl.arange(0, RBLOCK)[None, :]", f"rmask = rindex < {cols}",
-                 f"i{len(m.epilogue.ranges) - 1} = rindex"]
+                 f"tiles_m = tl.cdiv({rows}, XBLOCK)", f"tiles_n = tl.cdiv({cols}, RBLOCK)"]
+        if m.batched:  # the batch's tiles follow one another along the grid
+            lines += ["i0 = pid // (tiles_m * tiles_n)", "pid = pid % (tiles_m * tiles_n)"]
+        lines += ["group = GROUP_M * tiles_n", "first_m = (pid // group) * GROUP_M",
+                  "group_m = tl.minimum(tiles_m - first_m, GROUP_M)",
+                  "pid_m = first_m + (pid % group) % group_m", "pid_n = (pid % group) // group_m",
+                  "xindex = pid_m * XBLOCK + tl.arange(0, XBLOCK)[:, None]", f"xmask = xindex < {rows}",
+                  "rindex = pid_n * RBLOCK + tl.arange(0, RBLOCK)[None, :]", f"rmask = rindex < {cols}",
+                  f"i{len(m.epilogue.ranges) - 1} = rindex"]
         if len(m.epilogue.ranges) > n:  # the product's rows spread over the epilogue's leading loops
             lines += _unflatten("xindex", "i", m.epilogue.ranges[:-1])
         else:
             lines.append(f"i{n - 2} = xindex")
-        if m.batched:
-            lines.append(f"i0 = tl.program_id(1){wide}")
         lines += self.product_tile(depth)
         return lines + self.pointwise_body()
 

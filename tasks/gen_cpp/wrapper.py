@@ -355,8 +355,11 @@ def extern_call(node: Extern, names: GraphNames, w: WrapperWriter) -> list[str]:
             continue
         lines.append(f"  const kiln::Tensor& in{i} = {tensor_of(v, names, slot())};")
         ins.append(f"in{i}")
-    call = _cudnn_conv if w.launcher.target == "cuda" and on_cudnn(node) else _EXTERN_CALLS[node.op]
-    lines.append("  " + call(ins, params, f'"{what}"') + ";")
+    if w.launcher.target == "cuda" and on_cudnn(node):
+        text = _cudnn_conv(ins, params, f'"{what}"', len(node.out.shape) - 2)
+    else:
+        text = _EXTERN_CALLS[node.op](ins, params, f'"{what}"')
+    lines.append("  " + text + ";")
     return [*lines, "}"]
 
 
@@ -364,9 +367,12 @@ def extern_call(node: Extern, names: GraphNames, w: WrapperWriter) -> list[str]:
 # every 2-d and 3-d one but depthwise and transposed ones. Where kiln's has no bias, the runtime
 # calls cudnn_convolution's .out overload, which writes into kiln's buffer, as eager's call
 # does; at::convolution allocates its result, which the runtime then copies into kiln's buffer:
-# a pass more per convolution, a fifth of resnet18's launches. (A bias is added by eager after
-# cuDNN, in place; kiln keeps at::convolution there, which does the same.) float16 and bfloat16
-# only: for float32, cuDNN's TF32 choice is a flag of the caller's process.
+# a pass more per convolution, a fifth of resnet18's launches. Only where the call is eager's to
+# the bit: a bias is added by eager after cuDNN, in place (at::convolution does the same); a
+# channels-last input or weight makes eager pick channels-last algorithms, while the .out
+# overload takes its layout from kiln's row-major buffer; a sample of more than 2^31 elements
+# makes eager leave cuDNN. float16 and bfloat16 only: for float32, cuDNN's TF32 choice is a flag
+# of the caller's process. The flags passed are eager's defaults (kiln_runtime.cpp).
 def on_cudnn(node: Extern) -> bool:
     """Whether a convolution runs as cudnn_convolution(...).out on the cuda target."""
     params = json.loads(node.params)
@@ -379,13 +385,30 @@ def on_cudnn(node: Extern) -> bool:
         return False
     if x.dtype is not node.out.dtype or weight.dtype is not node.out.dtype or 0 in x.shape + weight.shape:
         return False
+    if not (_row_major(x) and _row_major(weight)):
+        return False
+    per_sample = max(math.prod(x.shape[1:]), math.prod(node.out.shape[1:]))
+    if per_sample > 2**31 - 1:
+        return False
     groups, channels = int(params["groups"]), x.shape[1]
     return not (groups > 1 and channels == groups and weight.shape[0] % channels == 0)  # depthwise
 
 
-def _cudnn_conv(ins: list[str], p: Mapping[str, Any], what: str) -> str:
-    return (f"kiln::cudnn_convolution(out, {ins[0]}, {ins[1]}, {_ints(p['stride'])}, {_ints(p['padding'])}, "
-            f"{_ints(p['dilation'])}, {int(p['groups'])}, {what})")
+def _row_major(v: View) -> bool:
+    want = contiguous_strides(v.shape)
+    return all(size == 1 or stride == w for size, stride, w in zip(v.shape, v.stride, want, strict=True))
+
+
+def _cudnn_conv(ins: list[str], p: Mapping[str, Any], what: str, dims: int) -> str:
+    """The call, with stride, padding and dilation given for each of the `dims` spatial dims (a
+    convolution may carry one value for all, which at::convolution widens and
+    cudnn_convolution refuses)."""
+    def spatial(name: str) -> str:
+        values = list(p[name])
+        return _ints(values * dims if len(values) == 1 else values)
+
+    return (f"kiln::cudnn_convolution(out, {ins[0]}, {ins[1]}, {spatial('stride')}, {spatial('padding')}, "
+            f"{spatial('dilation')}, {int(p['groups'])}, {what})")
 
 
 def _opt(name: str) -> str:

@@ -82,9 +82,10 @@ def matmul_epilogues(graph: Graph, steps: list[Step], run: Run) -> tuple[int, ..
         if not isinstance(step.node, Extern):
             continue
         product = step.node.out.name
-        readers = [s for s in steps if product in step_io(s, run)[0]]
         kernel = next(k for k in run.kernels if k.name == after.kernel)
-        if readers == [after] and product not in graph.outputs and product_param(step.node, kernel):
+        if product in graph.outputs or product_param(step.node, kernel) is None:
+            continue
+        if [s for s in steps if product in step_io(s, run)[0]] == [after]:
             found.append(i)
     return tuple(found)
 

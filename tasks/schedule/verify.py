@@ -108,7 +108,7 @@ def _verify_graph(s: Schedule, g: ScheduledGraph, where: str) -> None:
 
 def arena_overlaps(g: ScheduledGraph, run: Run) -> list[str]:
     """Pairs of arena buffers live at the same step that share bytes (there must be none)."""
-    first, last = liveness(g.steps, run)
+    first, last = liveness(g.steps, run, g.epilogues)
     offsets = dict(g.arena)
     sizes = {b.name: b.nbytes for b in g.buffers}
     names = sorted(offsets)

@@ -203,13 +203,17 @@ def triton_source(k: Kernel, variant: TritonVariant, name: str) -> str:
     if variant not in triton_variants(k):
         raise ValueError(f"{k.name}: no {variant.kind} variant for this kernel")
     gen = _KernelGen(k, variant)
-    body = gen.body()
-    params = ", ".join([*(p.name for p in k.params), "xnumel", "rnumel", "XBLOCK: tl.constexpr",
-                        "RBLOCK: tl.constexpr"])
+    params = [*(p.name for p in k.params), "xnumel", "rnumel", "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
+    return module_text(name, params, gen.body(), gen.helpers)
+
+
+def module_text(name: str, params: list[str], body: list[str], helpers: set[str]) -> str:
+    """A module holding one jitted kernel: its imports, the helpers its body calls, the kernel."""
     head = ["import triton", "import triton.language as tl", "from triton.language.extra import libdevice",
             "", ""]
-    helpers = [HELPERS[h] + "\n\n" for h in sorted(gen.helpers)]
-    lines = [*head, *helpers, "@triton.jit", f"def {name}({params}):", *("    " + x for x in body)]
+    helper_defs = [HELPERS[h] + "\n\n" for h in sorted(helpers)]
+    signature = f"def {name}({', '.join(params)}):"
+    lines = [*head, *helper_defs, "@triton.jit", signature, *("    " + x for x in body)]
     return "\n".join(lines) + "\n"
 
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
-from tasks.codegen.triton_expr import HELPERS, TL, Shape
-from tasks.codegen.triton_kernel import SIGNATURE_TYPES, TritonVariant, _KernelGen, _unflatten
+from tasks.codegen.triton_expr import TL, Shape
+from tasks.codegen.triton_kernel import SIGNATURE_TYPES, TritonVariant, _KernelGen, _unflatten, module_text
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr
 from tasks.ir.nodes import Extern, ExternOp, View
@@ -129,13 +128,9 @@ def _pow2(n: int) -> int:
 def matmul_source(m: Matmul, name: str) -> str:
     gen = _MatmulGen(m)
     body = gen.body()
-    params = ", ".join([*m.param_names(), "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr",
-                        "KBLOCK: tl.constexpr", "GROUP_M: tl.constexpr"])
-    head = ["import triton", "import triton.language as tl", "from triton.language.extra import libdevice",
-            "", ""]
-    helpers = [HELPERS[h] + "\n\n" for h in sorted(gen.helpers)]
-    lines = [*head, *helpers, "@triton.jit", f"def {name}({params}):", *("    " + x for x in body)]
-    return "\n".join(lines) + "\n"
+    params = [*m.param_names(), "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr", "KBLOCK: tl.constexpr",
+              "GROUP_M: tl.constexpr"]
+    return module_text(name, params, body, gen.helpers)
 
 
 class _MatmulGen(_KernelGen):
@@ -214,9 +209,3 @@ class _MatmulGen(_KernelGen):
         full = "" if tiled else f"tl.full([XBLOCK, RBLOCK], 0, {self.index_type()}) + "
         return f"tl.load(bias + {full}{offset}, xmask & rmask, other=0.0)"
 
-
-def describe(m: Matmul) -> dict[str, Any]:
-    """The pair for people and keys: op, sizes and the epilogue's kernel key."""
-    batch, rows, cols, depth = m.sizes
-    return {"op": m.call.op.value, "batch": batch, "m": rows, "n": cols, "k": depth,
-            "dtype": m.call.out.dtype.value, "epilogue": m.epilogue.key}

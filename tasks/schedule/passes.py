@@ -75,6 +75,11 @@ def schedule_graph(graph: Graph, label: str, run: Run) -> ScheduledGraph:
 def matmul_epilogues(graph: Graph, steps: list[Step], run: Run) -> tuple[int, ...]:
     """The matmul calls whose product only the next step reads, as its epilogue kernel
     (tasks/schedule/epilogues.py): their step indices."""
+    readers: dict[str, list[int]] = {}
+    for n, step in enumerate(steps):
+        for name in step_io(step, run)[0]:
+            readers.setdefault(name, []).append(n)
+    kernels = {k.name: k for k in run.kernels}
     found = []
     for i, (step, after) in enumerate(itertools.pairwise(steps)):
         if not (isinstance(step, CallStep) and isinstance(after, KernelStep)):
@@ -82,10 +87,9 @@ def matmul_epilogues(graph: Graph, steps: list[Step], run: Run) -> tuple[int, ..
         if not isinstance(step.node, Extern):
             continue
         product = step.node.out.name
-        kernel = next(k for k in run.kernels if k.name == after.kernel)
-        if product in graph.outputs or product_param(step.node, kernel) is None:
+        if product in graph.outputs or readers.get(product) != [i + 1]:
             continue
-        if [s for s in steps if product in step_io(s, run)[0]] == [after]:
+        if product_param(step.node, kernels[after.kernel]) is not None:
             found.append(i)
     return tuple(found)
 

@@ -26,10 +26,17 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
 DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, "bool")
 DEVICES = ("auto", "cpu", "cuda")
-_SECTIONS = {"description", "model", "inputs", "weights", "executor"}
+_SECTIONS = {"description", "model", "inputs", "weights", "executor", "tuning"}
 _MODEL_KEYS = {"factory", "kwargs", "dtype", "device", "requires", "project"}
 _INPUT_KEYS = {"name", "shape", "dtype", "range"}
 _WEIGHT_KEYS = {"seed", "checkpoint"}
+_TUNING_KEYS = {"matmul"}
+# Note: where a matmul's product goes only to the pointwise kernel after it (a bias, a GELU, a
+# residual add), the cuda target may run the two as one Triton kernel (tasks/codegen/
+# triton_matmul.py). "auto" times that template against the library call and the kernel, on
+# the GPU, and ships the faster (the library call where there is no GPU to time on);
+# "template" always ships the template; "library" never tries it. The cpu target has no template.
+MATMUL_CHOICES = ("auto", "template", "library")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +115,8 @@ def _validate(raw: dict[str, Any], where: str) -> dict[str, Any]:
     _no_unknown(model, _MODEL_KEYS, f"{where} [model]")
     weights = _table(raw, "weights", where, required=False)
     _no_unknown(weights, _WEIGHT_KEYS, f"{where} [weights]")
+    tuning = _table(raw, "tuning", where, required=False)
+    _no_unknown(tuning, _TUNING_KEYS, f"{where} [tuning]")
     return {
         "model.factory": _factory(model.get("factory"), where),
         "model.kwargs": _kwargs(model.get("kwargs", {}), where),
@@ -117,6 +126,7 @@ def _validate(raw: dict[str, Any], where: str) -> dict[str, Any]:
         "inputs": _inputs(raw.get("inputs"), where),
         "weights.seed": _int(weights.get("seed", 0), "weights.seed", where),
         "weights.checkpoint": _opt_str(weights.get("checkpoint"), "weights.checkpoint", where),
+        "tuning.matmul": _choice(tuning.get("matmul", "auto"), MATMUL_CHOICES, "tuning.matmul", where),
     }
 
 

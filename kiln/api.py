@@ -91,6 +91,7 @@ def _live_config(name: str, inputs: tuple[Any, ...], extra: dict[str, Any],
         "inputs": specs,
         "weights.seed": 0,
         "weights.checkpoint": None,
+        "tuning.matmul": "auto",
         **extra,
     }
     return ModelConfig(name, Path(f"<live>/{name}"), root, fields)

@@ -60,9 +60,9 @@ def fallbacks(result: BuildResult) -> dict[str, int]:
 def _variant_text(record: TimingRecord) -> str:
     """cpu: the variant's name; cuda: the variant and its config (XBLOCK, RBLOCK, warps)."""
     config = record.config
-    if "XBLOCK" not in config:
-        return record.variant
-    text = f"{record.variant} X{config['XBLOCK']} R{config['RBLOCK']} w{config['num_warps']}"
+    text = record.variant  # a cpu variant, or a cuda matmul pair's library calls, has no config
+    if "XBLOCK" in config:
+        text += f" X{config['XBLOCK']} R{config['RBLOCK']} w{config['num_warps']}"
     if not record.tuned:
         return f"{text} (untuned)"
     return f"{text} (settled)" if record.extra.get("settled") else text

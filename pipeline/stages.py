@@ -97,6 +97,7 @@ STAGES: tuple[Stage, ...] = (
         "gen-tuning-code",
         "one source file per kernel and a standalone tune.py",
         reads=("schedule/schedule.json",),
+        config=("tuning.matmul",),
         env=("cxx", "isa", "triton"),
         by_target=True,
         entry="tasks.targets.{target}.kernels:run",

@@ -4,6 +4,7 @@ machine with no driver is a clear error."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from contract.config import load_config
 from contract.errors import KilnError
 from contract.facts import gpu_visible
 from pipeline.build import Cache, compile_model
+from pipeline.report import report_json
 from pipeline.runner import BuildOptions
 
 pytest.importorskip("triton")
@@ -52,9 +54,32 @@ def test_a_cuda_model_builds_and_links_without_a_gpu(name: str, mlp_build: tuple
     table = wrapper.split("kKernels[] = {")[1].split("};")[0]
     assert table.count("kiln_cubin_") == table.count("\n") - 1  # one row per distinct kernel launched
     local = subprocess.run(["nm", str(so)], capture_output=True, text=True, check=True).stdout
-    keys = json.loads(result.entries["autotune"].file("tuning.json").read_text())
-    assert keys
-    assert all(f"kiln_cubin_{key[:16]}" in local for key in keys)
+    decisions = json.loads(result.entries["autotune"].file("tuning.json").read_text())
+    launched = [key for key, d in decisions.items() if d["launch"] is not None]  # not a library pair
+    assert launched
+    assert all(f"kiln_cubin_{key[:16]}" in local for key in launched)
+
+
+def test_matmul_templates_build_and_link_without_a_gpu(tmp_path: Path, cache: Cache) -> None:
+    """tuning.matmul = "template": mlp's three linear layers into a GELU run as templates, each
+    launched in place of its library call and the GELU's kernel; untuned (no GPU), as "auto"
+    builds the library's calls."""
+    config = load_config("mlp")
+    config = dataclasses.replace(config, fields={**config.fields, "tuning.matmul": "template"})
+    result = compile_model(config, BuildOptions("cuda", tmp_path / "mlp"), cache)
+    wrapper = result.entries["gen-cpp"].file("wrapper.cpp").read_text()
+    assert wrapper.count("_pw_gelu: mm and gelu") == 3  # one template per layer...
+    assert wrapper.count("kiln::mm(") == 2  # ... and the two matmuls into other kernels
+    table = wrapper.split("kKernels[] = {")[1].split("};")[0]
+    names = [line.split('"')[1] for line in table.strip().splitlines()]
+    assert [n for n in names if "gelu" in n] == ["mm_k0_pw_gelu", "mm_k1_pw_gelu"]  # no GELU alone
+    rows = {row["kernel"]: row for row in report_json(result)["kernels"]}
+    assert rows["mm_k1"]["launches"] == 2
+    assert rows["mm_k1"]["variant"].startswith("matmul X")
+    kernels = json.loads(result.entries["gen-tuning-code"].file("kernels.json").read_text())["kernels"]
+    pairs = [e for e in kernels if "matmul" in e]
+    assert [len(e["variants"]) for e in pairs] == [1, 1]  # the template only: no library candidate
+    assert (result.out / "model.so").is_file()
 
 
 def test_cuda_model_so_is_the_same_bytes_when_built_again(mlp_build: tuple[Any, Path],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,9 +165,17 @@ def test_half_convolutions_through_cudnn_match_eager(dtype: str, tmp_path: Path)
     compiled = kiln.compile(model, inputs, target="cuda", out=tmp_path / "b", cache_dir=tmp_path / "c")
     (wrapper,) = (tmp_path / "c").rglob("gen-cpp/*/wrapper.cpp")  # the one model's
     assert wrapper.read_text().count("kiln::cudnn_convolution(") == 3  # stem, plain, volume
+    matches_on_fresh_inputs(compiled, model, inputs)
+
+
+def matches_on_fresh_inputs(compiled: Any, model: Any, inputs: tuple[Any, ...]) -> None:
+    """The compiled model against eager on two draws of inputs like `inputs`, each run twice (the
+    second run replays its CUDA graphs)."""
+    import torch
+
     with torch.no_grad():
         for seed in (1, 2):
             torch.manual_seed(seed)
             fresh = tuple(torch.randn_like(t) for t in inputs)
-            _assert_matches(compiled(*fresh), model(*fresh))
-            _assert_matches(compiled(*fresh), model(*fresh))  # replayed
+            for _ in range(2):
+                _assert_matches(compiled(*fresh), model(*fresh))

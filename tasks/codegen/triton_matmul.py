@@ -21,13 +21,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from cache.hashing import digest_json
 from tasks.codegen.triton_expr import TL, Shape
 from tasks.codegen.triton_kernel import SIGNATURE_TYPES, TritonVariant, _KernelGen, _unflatten, module_text
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr
 from tasks.ir.nodes import Extern, ExternOp, View
 from tasks.schedule.epilogues import product_param
-from tasks.schedule.model import Kernel, Param
+from tasks.schedule.model import (
+    MAIN,
+    CallStep,
+    Kernel,
+    KernelStep,
+    Param,
+    Schedule,
+    ScheduledGraph,
+    subgraphs,
+)
 
 
 @dataclass(frozen=True)
@@ -67,10 +77,27 @@ class Matmul:
         batch = a.shape[0] if self.batched else 1
         return batch, a.shape[-2], b.shape[-1], a.shape[-1]
 
+    def views(self) -> dict[str, View]:
+        """The call's inputs by the template's parameter names: a, b, and addmm's `bias`."""
+        return {"a": self.a, "b": self.b} | ({"bias": self.bias} if self.bias is not None else {})
+
     def param_names(self) -> list[str]:
         """The kernel's parameters: the call's inputs, then the epilogue's but the product."""
-        head = ["a", "b"] + (["bias"] if self.bias is not None else [])
-        return head + [p.name for p in self.epilogue.params if p is not self.product]
+        return [*self.views(), *(p.name for p in self.epilogue.params if p is not self.product)]
+
+    @property
+    def key(self) -> str:
+        """The pair's structure: the call's op, scalars and operand layouts (never buffer
+        names), the epilogue kernel's key and which of its parameters is the product. Equal
+        pairs are generated and tuned once, as equal kernels are."""
+        views = [[list(v.shape), list(v.stride), v.offset, v.dtype.value] for v in self.views().values()]
+        index = self.epilogue.params.index(self.product)
+        return digest_json(["matmul", self.call.op.value, self.call.params, views, self.epilogue.key, index])
+
+    def unaligned(self) -> list[str]:
+        """The call's inputs whose first element may not sit on 16 bytes: a view at an offset
+        into its buffer (the wrapper aligns buffers, not views)."""
+        return [name for name, v in self.views().items() if v.offset * v.dtype.itemsize % 16]
 
 
 def _view(v: View | None) -> View:
@@ -84,6 +111,34 @@ def matmul_epilogue(call: Extern, epilogue: Kernel) -> Matmul | None:
     (tasks/schedule/epilogues.py: product_param)."""
     product = product_param(call, epilogue)
     return None if product is None else Matmul(call, epilogue, product)
+
+
+def matmul_pairs(schedule: Schedule) -> dict[str, list[tuple[Matmul, str]]]:
+    """Every matmul call the schedule marked with its epilogue kernel (ScheduledGraph.epilogues),
+    in every graph, as a template with the place it sits in (MAIN, a branch, a loop body),
+    grouped by the pair's key."""
+    found: dict[str, list[tuple[Matmul, str]]] = {}
+
+    def walk(g: ScheduledGraph, place: str) -> None:
+        for i in g.epilogues:
+            m = pair_at(schedule, g, i)
+            if m is not None:
+                found.setdefault(m.key, []).append((m, place))
+        for step in g.steps:
+            for name, sub in subgraphs(step):
+                walk(sub, name if place == MAIN else f"{place}/{name}")
+
+    walk(schedule.main, MAIN)
+    return found
+
+
+def pair_at(schedule: Schedule, g: ScheduledGraph, i: int) -> Matmul | None:
+    """The template of the call at step i of g and the kernel after it, which the schedule
+    marked as a pair; None where the steps are not such a pair."""
+    call, after = g.steps[i], g.steps[i + 1] if i + 1 < len(g.steps) else None
+    if not (isinstance(call, CallStep) and isinstance(call.node, Extern) and isinstance(after, KernelStep)):
+        return None
+    return matmul_epilogue(call.node, schedule.kernel(after.kernel))
 
 
 def matmul_configs(m: Matmul) -> list[dict[str, int]]:

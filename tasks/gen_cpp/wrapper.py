@@ -54,6 +54,13 @@ class Launcher(Protocol):
     def call(self, k: Kernel, names: GraphNames, index: int) -> list[str]:
         """The C++ lines that run kernel `k` (the `index`th distinct kernel, by first launch)."""
 
+    def fused(self, call: Extern, k: Kernel) -> str | None:
+        """Where the target runs a matmul call and its epilogue kernel `k` (a pair the schedule
+        marked, ScheduledGraph.epilogues) as one kernel: that kernel's key; None: apart."""
+
+    def call_fused(self, call: Extern, k: Kernel, names: GraphNames, index: int) -> list[str]:
+        """The C++ lines that run the pair as the one kernel `fused` named (the `index`th)."""
+
     def prototypes(self, kernels: Mapping[str, Kernel]) -> list[str]:
         """The extern "C" declarations the calls need."""
 
@@ -108,8 +115,12 @@ class WrapperWriter:
         self.arenas.append(g.arena_bytes)
         names = GraphNames(g, args or [f"args[{k}]" for k in range(len(g.inputs))])
         body = names.declarations()
-        for step in g.steps:
-            body += self.step(step, names)
+        fused = self.fused_pairs(g)
+        for i, step in enumerate(g.steps):
+            if i in fused:
+                body += self.fused_call(fused[i], names)
+            elif i - 1 not in fused:  # an epilogue kernel runs inside its fused call
+                body += self.step(step, names)
         self.functions[index] = [
             f"void graph_{index}(kiln::Context& ctx, void* const* args, void* const* results) {{",
             *(["  char* arena = kiln::arena(ctx, " + str(index) + ");"] if g.arena else []),
@@ -129,6 +140,24 @@ class WrapperWriter:
         if isinstance(step, Cond):
             return self.cond(step, names)
         return self.while_loop(step, names)
+
+    def fused_pairs(self, g: ScheduledGraph) -> dict[int, tuple[str, Extern, Kernel]]:
+        """The graph's matmul pairs the target runs as one kernel: call step -> that kernel's
+        key, the call and the epilogue kernel."""
+        found = {}
+        for i in g.epilogues:
+            call, after = g.steps[i], g.steps[i + 1]
+            if isinstance(call, CallStep) and isinstance(call.node, Extern) and isinstance(after, KernelStep):
+                k = self.schedule.kernel(after.kernel)
+                key = self.launcher.fused(call.node, k)
+                if key is not None:
+                    found[i] = (key, call.node, k)
+        return found
+
+    def fused_call(self, pair: tuple[str, Extern, Kernel], names: GraphNames) -> list[str]:
+        key, call, k = pair
+        self.kernels.setdefault(key, k)
+        return self.launcher.call_fused(call, k, names, self.kernel_index(key))
 
     def kernel_call(self, k: Kernel, names: GraphNames) -> list[str]:
         self.kernels.setdefault(k.key, k)

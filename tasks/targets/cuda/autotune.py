@@ -35,7 +35,7 @@ from tasks.autotune.coverage import coverage, coverage_text, placed
 from tasks.autotune.executors import kind_of
 from tasks.targets.cuda import tune as cuda_tune
 from tasks.targets.cuda.decisions import CudaDecision, LaunchFacts, tuning_json
-from tasks.targets.cuda.spec import CudaKernelEntry, CudaKernelsJson
+from tasks.targets.cuda.spec import LIBRARY, CudaKernelEntry, CudaKernelsJson
 
 if TYPE_CHECKING:
     from cache.items import ItemCache
@@ -114,8 +114,9 @@ def _fetched(remote: Remote, missing: list[CudaKernelEntry], made: Path) -> dict
     for entry in missing:
         if remote.has(entry.key):
             folder = remote.folder / entry.key
-            for suffix in SUFFIXES:
-                shutil.copyfile(folder / f"kernel{suffix}", made / f"{entry.key[:16]}{suffix}")
+            for suffix in SUFFIXES:  # none where a matmul pair's library calls won
+                if (folder / f"kernel{suffix}").is_file():
+                    shutil.copyfile(folder / f"kernel{suffix}", made / f"{entry.key[:16]}{suffix}")
             fresh[entry.key] = json.loads((folder / RECORD).read_text())
     return fresh
 
@@ -130,9 +131,12 @@ def _no_gpu_here(gpu: str, here: str, rest: list[CudaKernelEntry], remote: Remot
 
 
 def _decision(record: TimingRecord, stem: Path) -> CudaDecision:
-    """A kernel's decision: its record's choice, its cubin's digest and its launch facts."""
-    launch = LaunchFacts.from_json(json.loads(stem.with_suffix(".json").read_text()))
+    """A kernel's decision: its record's choice, its cubin's digest and its launch facts (none
+    where a matmul pair's library calls won: nothing is launched for the pair)."""
     config = {name: int(value) for name, value in record.config.items()}
+    if not stem.with_suffix(".cubin").is_file():
+        return CudaDecision(record.variant, record.function, config, record.tuned, "", None)
+    launch = LaunchFacts.from_json(json.loads(stem.with_suffix(".json").read_text()))
     return CudaDecision(record.variant, record.function, config, record.tuned,
                         digest_file(stem.with_suffix(".cubin")), launch)
 
@@ -143,7 +147,7 @@ def _tune(kernels_json: Path, missing: list[CudaKernelEntry], made: Path, gpus: 
         return {}
     records = cuda_tune.tune_all(kernels_json, [e.key for e in missing], made, gpus, on_progress)
     for r in records.values():
-        if not (made / f"{r['key'][:16]}.cubin").is_file():
+        if r.get("variant") != LIBRARY and not (made / f"{r['key'][:16]}.cubin").is_file():
             name = next(e.kernel for e in missing if e.key == r["key"])
             raise KilnError(f"kernel {name}: no candidate runs on this GPU ({r.get('errors')})",
                             "this is a bug in kiln's Triton code generation; please report it")
@@ -154,9 +158,12 @@ def _cross_compile(spec: CudaKernelsJson, missing: list[CudaKernelEntry], folder
                    cores: int, on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     """Each kernel's default variant and config, compiled for the arch: one worker process per
     core (triton's compiler holds the GIL), each importing triton once for its share."""
+    records: dict[str, Any] = {e.key: _untuned_record(e) for e in missing if not e.compiles_default()}
+    missing = [e for e in missing if e.compiles_default()]
+    if not missing:
+        return records
     workers = max(1, min(cores, len(missing)))
     shares = [missing[w::workers] for w in range(workers)]
-    records: dict[str, Any] = {}
     lock = threading.Lock()
 
     def run_share(share: list[CudaKernelEntry]) -> None:
@@ -176,7 +183,7 @@ def _cross_compile(spec: CudaKernelsJson, missing: list[CudaKernelEntry], folder
                 entry = next(e for e in share if e.key == line.strip())
                 with lock:
                     records[entry.key] = _untuned_record(entry)
-                    on_progress(len(records), len(missing))
+                    on_progress(len(records), len(missing) + len(records))
             status = proc.wait()
             errors.seek(0)
             err = errors.read()
@@ -230,8 +237,9 @@ def _store(spec: CudaKernelsJson, parts: dict[str, dict[str, str]], fresh: dict[
         record = json.loads(item.file("record.json").read_text())
         functions = {v.name: v.function for v in entry.variants}
         records[key] = placed(record, entry, functions.get(record["variant"], record["function"]))
-        for suffix in (".cubin", ".json"):
-            shutil.copyfile(item.file(f"kernel{suffix}"), cubins / f"{key[:16]}{suffix}")
+        for suffix in (".cubin", ".json"):  # none where a matmul pair's library calls won
+            if f"kernel{suffix}" in item.artifacts:
+                shutil.copyfile(item.file(f"kernel{suffix}"), cubins / f"{key[:16]}{suffix}")
     return records, used, hits
 
 
@@ -242,7 +250,8 @@ def _filed(key: str, parts: dict[str, str], fresh: dict[str, Any], made: Path,
 
     def compute(out: Path) -> dict[str, Any]:
         for suffix in (".cubin", ".json"):
-            shutil.copyfile(made / f"{key[:16]}{suffix}", out / f"kernel{suffix}")
+            if (made / f"{key[:16]}{suffix}").is_file():
+                shutil.copyfile(made / f"{key[:16]}{suffix}", out / f"kernel{suffix}")
         (out / "record.json").write_text(pretty_json(fresh[key]))
         return {"tuned": fresh[key].get("tuned", False)}
 

@@ -36,18 +36,27 @@ class CudaDecision:
     function: str  # the variant's function in the kernel's module
     config: Mapping[str, int]  # XBLOCK, RBLOCK, num_warps, num_stages
     tuned: bool  # False: the default candidate, compiled without a GPU to time it on
-    cubin: str  # digest_file of cubins/<key16>.cubin
-    launch: LaunchFacts
+    cubin: str  # digest_file of cubins/<key16>.cubin; "" where nothing is launched
+    # None where nothing is launched: a matmul pair whose library calls won (variant "library")
+    launch: LaunchFacts | None
 
     def to_json(self) -> dict[str, Any]:
         return {"variant": self.variant, "function": self.function, "config": dict(self.config),
-                "tuned": self.tuned, "cubin": self.cubin, "launch": self.launch.to_json()}
+                "tuned": self.tuned, "cubin": self.cubin,
+                "launch": None if self.launch is None else self.launch.to_json()}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CudaDecision:
         config = {name: int(value) for name, value in data["config"].items()}
+        launch = None if data["launch"] is None else LaunchFacts.from_json(data["launch"])
         return cls(str(data["variant"]), str(data["function"]), config, bool(data["tuned"]),
-                   str(data["cubin"]), LaunchFacts.from_json(data["launch"]))
+                   str(data["cubin"]), launch)
+
+    def facts(self) -> LaunchFacts:
+        """The launch facts of a decision that launches a kernel."""
+        if self.launch is None:
+            raise ValueError(f"the {self.variant} decision launches no kernel")
+        return self.launch
 
 
 def read_tuning(data: Mapping[str, Any]) -> dict[str, CudaDecision]:

@@ -27,10 +27,18 @@ from tasks.codegen.triton_kernel import (
     triton_variants,
     xnumel,
 )
-from tasks.gen_tuning.spec import kernel_params
+from tasks.codegen.triton_matmul import Matmul, matmul_configs, matmul_pairs, matmul_signature, matmul_source
+from tasks.gen_tuning.spec import KernelParam, kernel_params
 from tasks.gen_tuning.stage import run_with
+from tasks.ir.nodes import Buffer
 from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
-from tasks.targets.cuda.spec import CudaKernelEntry, CudaKernelsJson, TritonVariantEntry
+from tasks.targets.cuda.spec import (
+    LIBRARY,
+    CudaKernelEntry,
+    CudaKernelsJson,
+    MatmulFacts,
+    TritonVariantEntry,
+)
 
 TUNER = Path(__file__).resolve().parent / "tune.py"  # copied into the build as tune.py
 
@@ -41,15 +49,22 @@ def function_for(name: str, variant: TritonVariant) -> str:
 
 def run(job: StageJob) -> Mapping[str, Any]:
     """The cuda target's gen-tuning-code entry."""
-    return run_with(job, write)
+    matmul = str(job.config.get("tuning.matmul") or "auto")
+    return run_with(job, lambda schedule, out: write(schedule, out, matmul))
 
 
-def write(schedule: Schedule, out: Path) -> CudaKernelsJson:
+def write(schedule: Schedule, out: Path, matmul: str = "auto") -> CudaKernelsJson:
+    """kernels/, kernels.json and tune.py; `matmul` is the config's tuning.matmul (contract/
+    config.py): whether each matmul pair's template is a candidate beside the library calls
+    (auto), the only one (template), or not tried (library)."""
     folder = out / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     places = kernel_places(schedule)
     entries = tuple(_entry(group, folder, tuple(sorted({p for k in group for p in places.get(k.name, ())})))
                     for group in kernels_by_key(schedule).values())
+    if matmul != LIBRARY:
+        entries += tuple(_pair_entry(found, folder, with_library=matmul == "auto")
+                         for found in matmul_pairs(schedule).values())
     spec = CudaKernelsJson("kernels", CROSS_ARCH, entries)
     (out / "kernels.json").write_text(pretty_json(spec.to_json()))
     shutil.copyfile(TUNER, out / "tune.py")
@@ -74,3 +89,30 @@ def _entry(group: list[Kernel], folder: Path, places: tuple[str, ...]) -> CudaKe
                     for v in variants)
     return CudaKernelEntry(k.key, tuple(g.name for g in group), tuple(k.origins), places, kernel_params(k),
                            name, rel, signature(k), xnumel(k), max(1, rnumel(k)), entries)
+
+
+def _pair_entry(found: list[tuple[Matmul, str]], folder: Path, with_library: bool) -> CudaKernelEntry:
+    """A matmul call and its epilogue kernel as one entry: the template, its configs, and (with
+    the library) the call and the kernel as they run apart, the default a build without a GPU
+    ships."""
+    m = found[0][0]
+    name = f"mm_{kernel_name(m.epilogue)}"
+    function = f"{name}_matmul"
+    configs = matmul_configs(m)
+    rel = f"{m.key[:16]}.py"
+    table = {function: configs}
+    (folder / rel).write_text(f"{matmul_source(m, function).rstrip()}\n\n\nCONFIGS = {table!r}\n")
+    batch, rows, cols, _ = m.sizes
+    template = TritonVariantEntry("matmul", function, tuple(configs), (rows, cols))
+    library = TritonVariantEntry(LIBRARY, "", ({},), (rows, cols))
+    alpha, beta = m.scales
+    facts = MatmulFacts(m.call.op.value, alpha, beta, m.sizes, m.epilogue.key,
+                        m.epilogue.params.index(m.product), tuple(m.unaligned()))
+    heads = [KernelParam(Buffer(n, v.shape, v.stride, v.dtype, m.call.out.device), "in", None)
+             for n, v in m.views().items()]
+    rest = [p for p in kernel_params(m.epilogue) if p.spec.name != m.product.name]
+    return CudaKernelEntry(m.key, tuple(f"mm_{pair.epilogue.name}" for pair, _ in found),
+                           (m.call.origin or m.call.op.value, *m.epilogue.origins),
+                           tuple(sorted({place for _, place in found})), (*heads, *rest), name, rel,
+                           matmul_signature(m), batch * rows * cols, 1,
+                           (library, template) if with_library else (template,), facts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,6 +12,7 @@ from contract.errors import KilnError
 from contract.job import StageJob
 from tasks.codegen.cpp_build import run_compiler
 from tasks.link.stage import run_with
+from tasks.targets.cuda.decisions import read_tuning
 from tasks.targets.cuda.symbols import cubin_symbol
 
 
@@ -20,8 +22,10 @@ def run(job: StageJob) -> Mapping[str, Any]:
 
 
 def kernel_objects(tuned: Path, keys: list[str], cxx: str, tmp: Path) -> tuple[list[Path], str]:
-    cubins = [tuned / "cubins" / f"{key[:16]}.cubin" for key in keys]
-    return [cubins_object(cxx, cubins, tmp)], f"{len(keys)} cubins"
+    """Every decision's cubin: none for a matmul pair whose library calls won (no launch)."""
+    decisions = read_tuning(json.loads((tuned / "tuning.json").read_text()))
+    cubins = [tuned / "cubins" / f"{key[:16]}.cubin" for key in keys if decisions[key].launch is not None]
+    return [cubins_object(cxx, cubins, tmp)], f"{len(cubins)} cubins"
 
 
 def cubins_object(cxx: str, cubins: list[Path], tmp: Path) -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from contract.facts import env_fact, gpu_count
 from tasks.autotune.remote import Share
+from tasks.targets.cuda.spec import LIBRARY
 
 RECORD = "record.json"
 SUFFIXES = (".cubin", ".json")  # a kernel's cubin and its launch facts, as tune.py writes them
@@ -41,11 +42,13 @@ def tune_share(share: str) -> str:
         records = cuda_tune.tune_all(spec, job.args["keys"], made, gpu_count())
         for key in job.args["keys"]:
             record, stem = records.get(key), made / key[:16]
-            if record is None or not stem.with_suffix(".cubin").is_file():
+            library = record is not None and record.get("variant") == LIBRARY  # a matmul pair, apart
+            if record is None or not (library or stem.with_suffix(".cubin").is_file()):
                 failed.append(f"{names[key]} (no candidate runs)")  # nor will it here, most likely
                 continue
             with job.kernel(key) as staging:
-                for suffix in SUFFIXES:
-                    shutil.copyfile(stem.with_suffix(suffix), staging / f"kernel{suffix}")
+                for suffix in SUFFIXES:  # none where the library's calls won
+                    if stem.with_suffix(suffix).is_file():
+                        shutil.copyfile(stem.with_suffix(suffix), staging / f"kernel{suffix}")
                 (staging / RECORD).write_text(json.dumps(record | {"where": job.where}, sort_keys=True))
     return job.end(failed=tuple(failed))

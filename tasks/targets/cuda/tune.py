@@ -39,6 +39,8 @@ _SLEEP_CYCLES = 200_000  # ~0.1 ms at GPU clocks: longer than the host needs to 
 _SETTLE_SLACK_S, _SETTLE_SLACK = 2e-6, 0.15  # what the default may lose to its bound, and still ship
 _PROBE_BYTES = 64 << 20  # the copy that measures bandwidth: beyond L2 (50 MB on an H100 or H200)
 _DECIDED = "decided"  # a folder of empty files, one per kernel a worker has decided
+_LIBRARY = "library"  # a matmul pair's candidate that runs the call and its kernel apart
+_BLOCKS = ("XBLOCK", "RBLOCK", "KBLOCK", "GROUP_M")  # a config's constexprs (the template has all four)
 
 
 def load_module(path: Path) -> ModuleType:
@@ -76,10 +78,20 @@ def grid_of(variant: dict[str, Any], config: dict[str, int]) -> tuple[int, int, 
     return (math.ceil(rows / config["XBLOCK"]) * math.ceil(cols / config["RBLOCK"]), 1, 1)
 
 
+def matmul_grid(entry: dict[str, Any], config: dict[str, int]) -> tuple[int, int, int]:
+    """The template's programs: every batch's tiles of the product, along the first axis."""
+    batch, rows, cols, _ = entry["matmul"]["sizes"]
+    return (batch * math.ceil(rows / config["XBLOCK"]) * math.ceil(cols / config["RBLOCK"]), 1, 1)
+
+
 def launch(kernel: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: list[Any],
            config: dict[str, int]) -> None:
     """Runs one compiled candidate (explicit_compile's) on the wrapper's arguments. Triton's
-    launcher takes every parameter of the signature, the constexprs too (it skips them)."""
+    launcher takes every parameter of the signature, the constexprs too (it skips them); a
+    matmul template takes no xnumel or rnumel."""
+    if "matmul" in entry:
+        kernel[matmul_grid(entry, config)](*tensors, *(config[name] for name in _BLOCKS))
+        return
     kernel[grid_of(variant, config)](*tensors, entry["xnumel"], entry["rnumel"], config["XBLOCK"],
                                      config["RBLOCK"])
 
@@ -158,6 +170,104 @@ def tune_kernel(entry: dict[str, Any], folder: Path, cubins: Path | None,
     del base, tensors
     torch.cuda.empty_cache()
     return record
+
+
+# Note: a matmul pair is tuned in full (a matmul is no memory-bound kernel: nothing settles it).
+# Its template's candidates are checked against, and timed beside, the library's way: torch's
+# call (cuBLAS) into a product buffer, then the epilogue kernel's default candidate on it. The
+# epilogue's own tuning may later pick a faster candidate for it, which that time leaves out;
+# the epilogue kernels of a model are mostly settled by their default.
+def tune_matmul(entry: dict[str, Any], epilogue: dict[str, Any], folder: Path,
+                cubins: Path | None) -> dict[str, Any]:
+    """A matmul pair's candidates: the library's calls (where a candidate) and the template in
+    each config; the record of the winner (its cubin: only a template's)."""
+    import torch
+
+    module = load_module(folder / entry["file"])
+    roles = [p["role"] for p in entry["params"]]
+    outputs = [i for i, role in enumerate(roles) if role != "in"]
+    _device_limits()
+    torch.cuda.reset_peak_memory_stats()
+    base = random_inputs(entry["params"], "cuda")
+    inputs_bytes = sum(t.untyped_storage().nbytes() for t in base)
+    base = [None if role == "out" else t for t, role in zip(base, roles, strict=True)]
+    timings: dict[str, float | None] = {}
+    errors: dict[str, str] = {}
+    compiled: dict[str, Any] = {}
+    try:
+        reference, library_s = _library_run(entry, epilogue, folder, base, outputs)
+    except Exception as err:  # nothing to check the template against: no candidate ships
+        reference, library_s = None, None
+        errors[_LIBRARY] = f"{type(err).__name__}: {str(err)[:300]}"
+    for label, variant, config in candidates(entry):
+        if variant["name"] == _LIBRARY:
+            timings[label] = library_s
+            continue
+        tensors = [_fresh(p) if role == "out" else (t.clone() if role == "inout" else t)
+                   for t, p, role in zip(base, entry["params"], roles, strict=True)]
+        try:
+            kernel = compile_here(entry, getattr(module, variant["function"]), config)
+            launch(kernel, entry, variant, tensors, config)
+            torch.cuda.synchronize()
+        except Exception as err:  # out of resources, a compile error: this candidate only
+            timings[label], errors[label] = None, f"{type(err).__name__}: {str(err)[:300]}"
+            continue
+        if reference is None or not agrees([tensors[i].cpu() for i in outputs], reference):
+            timings[label], errors[label] = None, "outputs differ from the library's"
+            continue
+        compiled[label] = kernel
+        timings[label] = seconds(kernel, entry, variant, tensors, config)
+        del tensors
+    record = decide(entry, timings, errors)
+    record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
+               "gpu": torch.cuda.get_device_name(), "settled": False}
+    if cubins is not None and record["label"] in compiled:
+        save_cubin(compiled[record["label"]], cubins / f"{entry['key'][:16]}")
+    del base
+    torch.cuda.empty_cache()
+    return record
+
+
+def _library_run(entry: dict[str, Any], epilogue: dict[str, Any], folder: Path, base: list[Any],
+                 outputs: list[int]) -> tuple[list[Any], float]:
+    """The pair as the build runs it without the template: the outputs (on the host) and the
+    seconds of the call and the epilogue kernel's default candidate."""
+    import torch
+
+    facts = entry["matmul"]
+    head = 3 if facts["op"] in ("addmm", "baddbmm") else 2  # the call's inputs lead the parameters
+    product = _fresh(epilogue["params"][facts["product"]])
+    rest = [_fresh(p) if p["role"] == "out" else (t.clone() if p["role"] == "inout" else t)
+            for t, p in zip(base[head:], entry["params"][head:], strict=True)]
+    at = facts["product"]
+    tensors = [*rest[:at], product, *rest[at:]]
+    variant = epilogue["variants"][0]
+    config = variant["configs"][0]
+    fn = getattr(load_module(folder / epilogue["file"]), variant["function"])
+    kernel = compile_here(epilogue, fn, config)
+
+    def run() -> None:
+        _library_call(facts, base[0], base[1], base[2] if head == 3 else None, product)
+        launch(kernel, epilogue, variant, tensors, config)
+
+    run()
+    torch.cuda.synchronize()
+    return [rest[i - head].cpu() for i in outputs], _timed(run)
+
+
+def _library_call(facts: dict[str, Any], a: Any, b: Any, bias: Any, out: Any) -> None:
+    """torch's matmul into `out`, as the wrapper's call runs it (kiln::mm, kiln::addmm, ...)."""
+    import torch
+
+    op, alpha, beta = facts["op"], facts["alpha"], facts["beta"]
+    if op == "mm":
+        torch.mm(a, b, out=out)
+    elif op == "bmm":
+        torch.bmm(a, b, out=out)
+    elif op == "addmm":
+        torch.addmm(bias, a, b, beta=beta, alpha=alpha, out=out)
+    else:
+        torch.baddbmm(bias, a, b, beta=beta, alpha=alpha, out=out)
 
 
 # Note: most kernels of a real model are small, and tuning them cannot pay: measured on an H100,
@@ -284,7 +394,7 @@ def _folded_arguments(kernel: Any) -> list[str]:
              if isinstance(path, tuple) and len(path) == 1 and isinstance(path[0], int)
              and path[0] < len(names)]
     folded = [names[path[0]] for path in paths]
-    return sorted(name for name in folded if name not in ("XBLOCK", "RBLOCK"))
+    return sorted(name for name in folded if name not in _BLOCKS)
 
 
 def compile_attrs(entry: dict[str, Any], arg_names: list[str]) -> dict[tuple[int, ...], list[list[Any]]]:
@@ -292,8 +402,11 @@ def compile_attrs(entry: dict[str, Any], arg_names: list[str]) -> dict[tuple[int
     pointer 16-byte aligned, and xnumel / rnumel marked divisible by 16 where they are.
     Keys are argument positions (arg_names: the kernel's parameters in order)."""
     values = {"xnumel": entry["xnumel"], "rnumel": entry["rnumel"]}
+    unaligned = set(entry.get("matmul", {}).get("unaligned", ()))  # views at an offset: see MatmulFacts
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
     for name, kind in entry["signature"].items():
+        if name in unaligned:
+            continue
         if kind.startswith("*") or (name in values and values[name] % 16 == 0):
             attrs[(arg_names.index(name),)] = [["tt.divisibility", 16]]
     return attrs
@@ -316,7 +429,7 @@ def explicit_compile(entry: dict[str, Any], fn: Any, config: dict[str, int], arc
     import triton
     from triton.backends.compiler import GPUTarget
 
-    constexprs = {"XBLOCK": config["XBLOCK"], "RBLOCK": config["RBLOCK"]}
+    constexprs = {name: config[name] for name in _BLOCKS if name in config}
     # Note: in the function's argument order (kernels.json keeps its keys sorted): triton's
     # launcher takes its arguments in the signature's order, the cubin in the function's.
     signature = {name: entry["signature"][name] for name in fn.arg_names if name in entry["signature"]}
@@ -376,7 +489,7 @@ def start_precompile(kernels: Path, keys: list[str], gpus: int, arch: int,
     spec = json.loads(kernels.read_text())
     entries = {e["key"]: e for e in spec["kernels"]}
     ranked = [(i > 0, f"{key}:{label}") for key in reversed(keys)
-              for i, (label, _, _) in enumerate(candidates(entries[key]))]
+              for i, (label, variant, _) in enumerate(candidates(entries[key])) if variant["function"]]
     jobs = [job for _, job in sorted(ranked, key=lambda r: r[0])]  # stable: defaults, then the rest
     count = min(len(jobs), max(0, len(os.sched_getaffinity(0)) - gpus), _MAX_PRECOMPILE)
     procs = []
@@ -395,7 +508,11 @@ def _worker(args: argparse.Namespace) -> int:
     entries = {e["key"]: e for e in spec["kernels"]}
     with args.out.open("a") as out:
         for key in args.worker.split(","):
-            record = tune_kernel(entries[key], folder, args.cubins, args.full)
+            entry = entries[key]
+            if "matmul" in entry:
+                record = tune_matmul(entry, entries[entry["matmul"]["epilogue"]], folder, args.cubins)
+            else:
+                record = tune_kernel(entry, folder, args.cubins, args.full)
             out.write(json.dumps(record, sort_keys=True) + "\n")
             out.flush()
             if args.decided is not None:

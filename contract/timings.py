@@ -64,6 +64,16 @@ def _strings(data: Mapping[str, Any], name: str) -> tuple[str, ...]:
     return tuple(map(str, data.get(name, ())))
 
 
+MATMUL_PAIR = "mm_"  # a cuda matmul pair's names: this, then its epilogue kernel's name
+TEMPLATE, LIBRARY = "matmul", "library"  # a pair's variants: one kernel, or the call and the kernel apart
+
+
+def fused_kernels(records: Mapping[str, TimingRecord]) -> set[str]:
+    """The kernel launches that run inside a matmul template that won: none of their own."""
+    return {name.removeprefix(MATMUL_PAIR) for r in records.values() if r.variant == TEMPLATE
+            for name in r.names}
+
+
 def timings_json(records: Mapping[str, TimingRecord]) -> dict[str, Any]:
     return {key: record.to_json() for key, record in sorted(records.items())}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
-from contract.timings import TimingRecord, read_timings
+from contract.timings import LIBRARY, TimingRecord, fused_kernels, read_timings
 from pipeline.runner import BuildResult, StageRow
 from pipeline.worker import STAGE_IMPORTS
 
@@ -75,16 +75,23 @@ def kernel_rows(result: BuildResult) -> list[dict[str, Any]]:
     if tuned is None or "timings.json" not in tuned.artifacts:
         return []
     records = read_timings(json.loads(tuned.file("timings.json").read_text()))
+    fused = fused_kernels(records)
     rows: list[dict[str, Any]] = []
     for key, r in records.items():
-        launches = len(r.names) or 1
-        rows.append({"kernel": (r.names or (key[:16],))[0], "origins": ", ".join(r.origins),
-                     "launches": launches, "variant": _variant_text(r),
+        names = [n for n in r.names if n not in fused]
+        if r.names and not names:  # every launch runs inside a matmul template
+            continue
+        # Note: a matmul pair whose library calls won times the call and its epilogue kernel,
+        # which has a row of its own: the pair's row takes no share of kernel time.
+        counted = r.variant != LIBRARY
+        rows.append({"kernel": (names or [key[:16]])[0], "origins": ", ".join(r.origins),
+                     "launches": len(names) or 1, "variant": _variant_text(r), "counted": counted,
                      "config": dict(r.config), "seconds": r.seconds, "gain": r.gain, "tuned": r.tuned,
                      "places": list(r.places), "tuned_on": str(r.extra.get("where", ""))})
-    total = sum((row["seconds"] or 0) * row["launches"] for row in rows)
+    total = sum((row["seconds"] or 0) * row["launches"] for row in rows if row["counted"])
     for row in rows:
-        row["share"] = round((row["seconds"] or 0) * row["launches"] / total, 4) if total else None
+        part = (row["seconds"] or 0) * row["launches"]
+        row["share"] = round(part / total, 4) if row.pop("counted") and total else None
     return sorted(rows, key=lambda row: (-(row["share"] or 0), row["kernel"]))
 
 

@@ -75,6 +75,7 @@ def test_matmul_templates_build_and_link_without_a_gpu(tmp_path: Path, cache: Ca
     assert [n for n in names if "gelu" in n] == ["mm_k0_pw_gelu", "mm_k1_pw_gelu"]  # no GELU alone
     rows = {row["kernel"]: row for row in report_json(result)["kernels"]}
     assert rows["mm_k1"]["launches"] == 2
+    assert not any(name.startswith(("k0", "k1")) for name in rows)  # the GELUs: fused
     assert rows["mm_k1"]["variant"].startswith("matmul X")
     kernels = json.loads(result.entries["gen-tuning-code"].file("kernels.json").read_text())["kernels"]
     pairs = [e for e in kernels if "matmul" in e]

@@ -90,7 +90,11 @@ class Matmul:
         """The pair's structure: the call's op, scalars and operand layouts (never buffer
         names), the epilogue kernel's key and which of its parameters is the product. Equal
         pairs are generated and tuned once, as equal kernels are."""
-        views = [[list(v.shape), list(v.stride), v.offset, v.dtype.value] for v in self.views().values()]
+        # Note: an operand's offset reaches the kernel only as whether its pointer is aligned
+        # (the wrapper passes a pointer to the view's first element): q, k and v of one buffer
+        # are one pair.
+        views = [[list(v.shape), list(v.stride), v.offset * v.dtype.itemsize % 16 == 0, v.dtype.value]
+                 for v in self.views().values()]
         index = self.epilogue.params.index(self.product)
         return digest_json(["matmul", self.call.op.value, self.call.params, views, self.epilogue.key, index])
 

@@ -30,12 +30,12 @@ from contract.errors import KilnError
 from contract.executor_settings import SLURM
 from contract.facts import gpu_arch, gpu_name
 from contract.job import StageJob
-from contract.timings import TimingRecord, timings_json
+from contract.timings import LIBRARY, TimingRecord, timings_json
 from tasks.autotune.coverage import coverage, coverage_text, placed
 from tasks.autotune.executors import kind_of
 from tasks.targets.cuda import tune as cuda_tune
 from tasks.targets.cuda.decisions import CudaDecision, LaunchFacts, tuning_json
-from tasks.targets.cuda.spec import LIBRARY, CudaKernelEntry, CudaKernelsJson
+from tasks.targets.cuda.spec import CudaKernelEntry, CudaKernelsJson
 
 if TYPE_CHECKING:
     from cache.items import ItemCache
@@ -51,7 +51,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     gpu = job.env.get("gpu", "none")
     tuner = job.code  # all the code the stage runs: this module's, the tuner's, what they import
     items = job.items()
-    parts = {e.key: _item_parts(e, folder, spec.arch, job.env, tuner) for e in spec.kernels}
+    parts = _all_parts(spec, folder, job.env, tuner)
     missing = [e for e in spec.kernels if items.lookup(parts[e.key]) is None]
     started = time.perf_counter()
     remote = _remote(job, missing, kernels_json)
@@ -134,7 +134,7 @@ def _decision(record: TimingRecord, stem: Path) -> CudaDecision:
     """A kernel's decision: its record's choice, its cubin's digest and its launch facts (none
     where a matmul pair's library calls won: nothing is launched for the pair)."""
     config = {name: int(value) for name, value in record.config.items()}
-    if not stem.with_suffix(".cubin").is_file():
+    if record.variant == LIBRARY:
         return CudaDecision(record.variant, record.function, config, record.tuned, "", None)
     launch = LaunchFacts.from_json(json.loads(stem.with_suffix(".json").read_text()))
     return CudaDecision(record.variant, record.function, config, record.tuned,
@@ -146,11 +146,15 @@ def _tune(kernels_json: Path, missing: list[CudaKernelEntry], made: Path, gpus: 
     if not missing:
         return {}
     records = cuda_tune.tune_all(kernels_json, [e.key for e in missing], made, gpus, on_progress)
-    for r in records.values():
-        if r.get("variant") != LIBRARY and not (made / f"{r['key'][:16]}.cubin").is_file():
-            name = next(e.kernel for e in missing if e.key == r["key"])
-            raise KilnError(f"kernel {name}: no candidate runs on this GPU ({r.get('errors')})",
-                            "this is a bug in kiln's Triton code generation; please report it")
+    for entry in missing:
+        r = records[entry.key]
+        if r.get("variant") == LIBRARY or (made / f"{entry.key[:16]}.cubin").is_file():
+            continue
+        if not entry.compiles_default():  # a matmul pair whose tuning died: the library's calls
+            records[entry.key] = _untuned_record(entry) | {"errors": r.get("errors", {})}
+            continue
+        raise KilnError(f"kernel {entry.kernel}: no candidate runs on this GPU ({r.get('errors')})",
+                        "this is a bug in kiln's Triton code generation; please report it")
     return records
 
 
@@ -159,6 +163,7 @@ def _cross_compile(spec: CudaKernelsJson, missing: list[CudaKernelEntry], folder
     """Each kernel's default variant and config, compiled for the arch: one worker process per
     core (triton's compiler holds the GIL), each importing triton once for its share."""
     records: dict[str, Any] = {e.key: _untuned_record(e) for e in missing if not e.compiles_default()}
+    total = len(missing)
     missing = [e for e in missing if e.compiles_default()]
     if not missing:
         return records
@@ -183,7 +188,7 @@ def _cross_compile(spec: CudaKernelsJson, missing: list[CudaKernelEntry], folder
                 entry = next(e for e in share if e.key == line.strip())
                 with lock:
                     records[entry.key] = _untuned_record(entry)
-                    on_progress(len(records), len(missing) + len(records))
+                    on_progress(len(records), total)
             status = proc.wait()
             errors.seek(0)
             err = errors.read()
@@ -256,6 +261,18 @@ def _filed(key: str, parts: dict[str, str], fresh: dict[str, Any], made: Path,
         return {"tuned": fresh[key].get("tuned", False)}
 
     return items.get_or_compute(parts, compute)
+
+
+def _all_parts(spec: CudaKernelsJson, folder: Path, env: Mapping[str, str],
+               tuner: str) -> dict[str, dict[str, str]]:
+    """Every entry's cache item parts. A matmul pair's hold its facts and its epilogue kernel's
+    parts too: the library's way it is timed against runs that kernel's default candidate."""
+    parts = {e.key: _item_parts(e, folder, spec.arch, env, tuner) for e in spec.kernels}
+    for e in spec.kernels:
+        if e.matmul is not None:
+            parts[e.key] |= {"matmul": digest_json(e.matmul.to_json()),
+                             "epilogue": digest_json(parts[e.matmul.epilogue])}
+    return parts
 
 
 def _item_parts(entry: CudaKernelEntry, folder: Path, arch: int, env: Mapping[str, str],

@@ -15,6 +15,7 @@ from typing import Any
 
 from cache.hashing import pretty_json
 from contract.job import StageJob
+from contract.timings import LIBRARY
 from contract.toolchain import CROSS_ARCH
 from tasks.codegen.triton_kernel import (
     TritonVariant,
@@ -33,7 +34,6 @@ from tasks.gen_tuning.stage import run_with
 from tasks.ir.nodes import Buffer
 from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
 from tasks.targets.cuda.spec import (
-    LIBRARY,
     CudaKernelEntry,
     CudaKernelsJson,
     MatmulFacts,

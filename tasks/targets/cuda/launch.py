@@ -73,6 +73,8 @@ class CudaLauncher:
         decision = self.tuning[m.key]
         facts = decision.facts()
         _no_scratch(k, facts)
+        if facts.folded:  # explicit_compile folds none (tune.py: _folded_arguments)
+            raise WrapperError(f"the matmul template of kernel {k.name} has arguments folded into its cubin")
         programs = matmul_grid(m, dict(decision.config))[0]
         views = m.views()
         pointers = [f"void* m{i} = {names.at(v)};" for i, v in enumerate(views.values())]

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from contract.facts import env_fact, gpu_count
+from contract.timings import LIBRARY
 from tasks.autotune.remote import Share
-from tasks.targets.cuda.spec import LIBRARY
 
 RECORD = "record.json"
 SUFFIXES = (".cubin", ".json")  # a kernel's cubin and its launch facts, as tune.py writes them

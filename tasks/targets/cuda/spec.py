@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract.timings import LIBRARY
 from tasks.gen_tuning.spec import KernelHead
 
 
@@ -28,8 +29,6 @@ class TritonVariantEntry:
         return cls(str(data["name"]), str(data["function"]),
                    tuple({k: int(v) for k, v in c.items()} for c in data["configs"]), (rows, cols))
 
-
-LIBRARY = "library"  # a matmul pair's candidate that runs the call and its kernel apart, as built
 
 
 @dataclass(frozen=True)

@@ -55,20 +55,24 @@ def load_module(path: Path) -> ModuleType:
 
 
 def random_inputs(params: list[dict[str, Any]], device: str, seed: int = 0) -> list[Any]:
+    """Each parameter's tensor, its storage filled with random values, then viewed with the
+    parameter's strides (a matmul's operand may be an expanded view: a stride of 0, which no
+    copy into the view could fill)."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     out = []
     for p in params:
         dtype = getattr(torch, _TORCH_DTYPES[p["dtype"]])
-        t = torch.empty_strided(p["shape"], p["stride"], dtype=dtype, device=device)
+        shape, stride = p["shape"], p["stride"]
+        span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
         if dtype.is_floating_point:
-            t.copy_(torch.randn(t.shape, generator=gen))
+            flat = torch.randn(span, generator=gen)
         elif dtype == torch.bool:
-            t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())
+            flat = torch.randint(0, 2, (span,), generator=gen).bool()
         else:
-            t.copy_(torch.randint(0, p.get("bound") or 5, t.shape, generator=gen))
-        out.append(t)
+            flat = torch.randint(0, p.get("bound") or 5, (span,), generator=gen)
+        out.append(flat.to(device=device, dtype=dtype).as_strided(shape, stride))
     return out
 
 
@@ -489,7 +493,8 @@ def start_precompile(kernels: Path, keys: list[str], gpus: int, arch: int,
     spec = json.loads(kernels.read_text())
     entries = {e["key"]: e for e in spec["kernels"]}
     ranked = [(i > 0, f"{key}:{label}") for key in reversed(keys)
-              for i, (label, variant, _) in enumerate(candidates(entries[key])) if variant["function"]]
+              for i, label in enumerate(label for label, variant, _ in candidates(entries[key])
+                                        if variant["function"])]  # not a matmul pair's library calls
     jobs = [job for _, job in sorted(ranked, key=lambda r: r[0])]  # stable: defaults, then the rest
     count = min(len(jobs), max(0, len(os.sched_getaffinity(0)) - gpus), _MAX_PRECOMPILE)
     procs = []
@@ -510,7 +515,10 @@ def _worker(args: argparse.Namespace) -> int:
         for key in args.worker.split(","):
             entry = entries[key]
             if "matmul" in entry:
-                record = tune_matmul(entry, entries[entry["matmul"]["epilogue"]], folder, args.cubins)
+                try:
+                    record = tune_matmul(entry, entries[entry["matmul"]["epilogue"]], folder, args.cubins)
+                except Exception as err:  # nothing shipped but the default (auto: the library's calls)
+                    record = decide(entry, {}, {"tuning": f"{type(err).__name__}: {str(err)[:300]}"})
             else:
                 record = tune_kernel(entry, folder, args.cubins, args.full)
             out.write(json.dumps(record, sort_keys=True) + "\n")

@@ -25,7 +25,15 @@ compile: $(VENV)/.ready
 test: $(VENV)/.ready
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not gpu" -q -n auto --dist loadfile
+	$(PY) -m pytest -m "not gpu and not slow" -q -n auto --dist loadfile
+
+# Note: the tests marked slow (full-size bert and gpt2 through lower and schedule, the bench's
+# smoke runs with every engine) take minutes each and add nothing make test's small configs do
+# not check in the code they run; they kept make test near its 30 minutes on 2 cores. Run them
+# before resolving an issue that touches what they cover.
+.PHONY: test-slow
+test-slow: $(VENV)/.ready
+	$(PY) -m pytest -m "slow and not gpu" -q -n auto --dist loadfile
 
 # On the GPU machine: no environment to build (no network there); use what python3 has.
 test-gpu:

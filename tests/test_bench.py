@@ -189,6 +189,7 @@ def bench(model: str, out: Path, cache: Path, *flags: str) -> tuple[str, dict[st
 # run again) and AOTInductor (the compile job's other branch, run by `make bench MODEL=mlp`: the
 # README's table) are left out. A failing engine is an error string either way
 # (test_a_failing_worker_is_an_error_string).
+@pytest.mark.slow
 def test_bench_mlp_smoke(tmp_path: Path) -> None:
     stdout, found = bench("mlp", tmp_path / "out", tmp_path / "cache", "--engines",
                           "kiln,eager,torch.compile", "--recompiles", "weight-swap,layer-edit")
@@ -211,6 +212,7 @@ def test_bench_mlp_smoke(tmp_path: Path) -> None:
         assert title in stdout
 
 
+@pytest.mark.slow
 def test_bench_bert_small_smoke(tmp_path: Path) -> None:
     stdout, found = bench("bert-small", tmp_path / "out", tmp_path / "cache", "--engines", "kiln,eager",
                           "--recompiles", "none")

@@ -23,7 +23,9 @@ from tasks.schedule import model
 from tasks.schedule.run import run_schedule
 from tasks.schedule.verify import verify_schedule
 
-MODELS = ["mlp", "convnet", "cond", "while", "bert-small", "gpt2-small", "bert", "gpt2", "resnet18"]
+# bert and gpt2 are full-size (make test-slow): their small configs run the same code in make test
+MODELS = ["mlp", "convnet", "cond", "while", "bert-small", "gpt2-small", "resnet18",
+          *(pytest.param(name, marks=pytest.mark.slow) for name in ("bert", "gpt2"))]
 _PACKAGES = {"bert": "transformers", "gpt2": "transformers", "resnet18": "torchvision"}
 
 

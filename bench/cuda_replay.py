@@ -1,5 +1,5 @@
 """CUDA graph replay, measured (not a timed test; needs a GPU):
-`python3 bench/cuda_replay.py [MODEL ...] [--runs N] [--dtype D] [--no-torch]`.
+`python3 bench/cuda_replay.py [MODEL ...] [--runs N] [--dtype D] [--matmul M,...] [--no-torch]`.
 
 For each model (default: mlp bert gpt2 resnet18), compiled once for cuda (a cache of the run's
 own), in one process: the latency of kiln's model.so with direct launches (graphs=False) and
@@ -9,6 +9,11 @@ kernels and calls into torch (the default), and of torch.compile in mode
 weights) and inputs. Each latency is the median of --runs calls, each timed with CUDA events
 from an idle GPU, so the host's launch time shows; the error is the largest abs difference
 from eager. Prints a table and what kiln's replay did (CompiledModel.replay).
+
+--matmul names the builds' tuning.matmul (auto, template, library; the first is the build the
+other engines use): with `--matmul library,auto`, each model is also replayed as the build with
+no matmul template and as the one where tuning chose, side by side; each build's matmul pairs
+are listed with the variant that won and its gain over the library's calls.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +61,6 @@ def max_error(got: Any, want: Any) -> float:
 def in_dtype(config: Any, dtype: str) -> Any:
     """The config with its model and its float inputs in `dtype` (the reference configs are
     float32; issue 23's figures are float16's)."""
-    from dataclasses import replace
-
     import torch
 
     inputs = [{**spec, "dtype": dtype} if getattr(torch, spec["dtype"]).is_floating_point else spec
@@ -64,25 +68,33 @@ def in_dtype(config: Any, dtype: str) -> Any:
     return replace(config, fields={**config.fields, "model.dtype": dtype, "inputs": inputs})
 
 
-def bench_model(name: str, root: Path, runs: int, with_torch: bool, dtype: str) -> dict[str, Any]:
+def bench_model(name: str, root: Path, runs: int, with_torch: bool, dtype: str,
+                matmul: tuple[str, ...] = ("auto",)) -> dict[str, Any]:
     import torch
 
     from kiln import compile_config, load_config
     from kiln.loader import load
     from kiln.run_model import eager_model, random_inputs
 
+    row: dict[str, Any] = {"model": name, "dtype": dtype}
     config = in_dtype(load_config(name), dtype)
-    out = root / name
-    compile_config(config, target="cuda", out=out, cache_dir=root / "cache")
+    outs = {}
+    for mode in matmul:
+        outs[mode] = root / f"{name}-{mode}"
+        build = compile_config(replace(config, fields={**config.fields, "tuning.matmul": mode}),
+                               target="cuda", out=outs[mode], cache_dir=root / "cache")
+        row[f"pairs ({mode})"] = [f"{r['kernel']} {r['variant']} {r['gain'] or 0:.2f}x"
+                                  for r in build.report["kernels"] if r["kernel"].startswith("mm_")]
+    out = outs[matmul[0]]
     model = eager_model(config, out).cuda()
     inputs = tuple(v.cuda() for v in random_inputs(config, 1))
     engines: dict[str, Callable[..., Any]] = {
         "kiln direct": load(out, graphs=False), "kiln replay kernels": _kernels_only(out),
         "kiln replay": load(out, graphs=True)}
+    engines |= {f"kiln replay ({mode})": load(outs[mode], graphs=True) for mode in matmul[1:]}
     if with_torch:
         engines["torch.compile"] = torch.compile(model)
         engines["torch.compile:reduce-overhead"] = torch.compile(model, mode="reduce-overhead")
-    row: dict[str, Any] = {"model": name, "dtype": dtype}
     with torch.no_grad():
         want = model(*inputs)
         row["eager ms"] = median_ms(lambda: model(*inputs), runs)
@@ -112,13 +124,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"),
                    help="the models' and their float inputs' dtype (default float16, as issue 23 measures)")
+    p.add_argument("--matmul", default="auto", help="comma-separated tuning.matmul modes, a build each "
+                   "(auto, template, library; default auto): the first is the kiln build of every engine")
     p.add_argument("--no-torch", action="store_true", help="kiln only (no torch.compile)")
     args = p.parse_args(argv)
+    modes = tuple(args.matmul.split(","))
+    if not set(modes) <= {"auto", "template", "library"}:
+        p.error(f"--matmul takes auto, template and library, got {args.matmul!r}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             try:
-                rows.append(bench_model(name, Path(tmp), args.runs, not args.no_torch, args.dtype))
+                rows.append(bench_model(name, Path(tmp), args.runs, not args.no_torch, args.dtype, modes))
             except Exception as err:  # one model's failure is a row, not the end of the run
                 rows.append({"model": name, "error": f"{type(err).__name__}: {str(err)[:300]}"})
             print(rows[-1], flush=True)

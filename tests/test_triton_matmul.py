@@ -4,7 +4,9 @@ compiled for sm_90 (no GPU needed)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,3 +172,53 @@ def test_a_linear_layers_epilogue_is_found_over_any_leading_loops(shape: tuple[i
     compiled = compile_fn(lambda x: F.gelu(layer(x)), torch.randn(*shape))
     (m,) = pairs(compiled.schedule)
     assert m.epilogue.ranges == (*shape[:-1], 48)
+
+
+# An operand that is an expanded view (a stride of 0): tune.py's random inputs fill its storage.
+PAIRS = {**CASES, "f32_bmm_expanded_relu": (lambda q, w: torch.relu(torch.bmm(q, w.expand(4, 16, 24))),
+                                            (torch.randn(4, 8, 16), torch.randn(1, 16, 24)))}
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_tune_py_runs_a_pair_as_the_template_and_as_the_library_alike(name: str, tmp_path: Path) -> None:
+    """kernels.json's pair entry, as tune.py's tune_matmul uses it (TRITON_INTERPRET=1 in place
+    of a GPU): the library's way (torch's call into a fresh product, then the epilogue kernel's
+    default candidate) and the template in its first and last configs give the same outputs."""
+    from tasks.targets.cuda import tune
+    from tasks.targets.cuda.kernels import write
+
+    fn, inputs = PAIRS[name]
+    half = inputs[0].dtype != torch.float32
+    compiled = compile_fn(fn, *inputs, rtol=2e-2 if half else 1e-4, atol=2e-2 if half else 1e-5)
+    write(compiled.schedule, tmp_path, "auto")
+    entries = {e["key"]: e for e in json.loads((tmp_path / "kernels.json").read_text())["kernels"]}
+    (entry,) = (e for e in entries.values() if "matmul" in e)
+    epilogue = entries[entry["matmul"]["epilogue"]]
+    roles = [p["role"] for p in entry["params"]]
+    outputs = [i for i, role in enumerate(roles) if role != "in"]
+    base = [None if role == "out" else t for t, role in
+            zip(tune.random_inputs(entry["params"], "cpu"), roles, strict=True)]
+    head, at = tune.call_inputs(entry), entry["matmul"]["product"]
+    product, _, arguments = tune.library_arguments(entry, epilogue, base)
+    tune.library_call(entry["matmul"], base[0], base[1], base[2] if head == 3 else None, product)
+    variant = epilogue["variants"][0]
+    config = variant["configs"][0]
+    folder = tmp_path / "kernels"
+    jobs = [{"source": (folder / epilogue["file"]).read_text(), "name": variant["function"],
+             "grid": tune.grid_of(variant, config),
+             "args": [*arguments, epilogue["xnumel"], epilogue["rnumel"]],
+             "constexprs": {"XBLOCK": config["XBLOCK"], "RBLOCK": config["RBLOCK"]}}]
+    library, template = (v for v in entry["variants"])
+    assert library["name"] == "library"
+    for config in (template["configs"][0], template["configs"][-1]):
+        tensors = [tune._fresh(p, "cpu") if role == "out" else t
+                   for t, p, role in zip(base, entry["params"], roles, strict=True)]
+        jobs.append({"source": (folder / entry["file"]).read_text(), "name": template["function"],
+                     "grid": tune.matmul_grid(entry, config), "args": tensors,
+                     "constexprs": {k: config[k] for k in ("XBLOCK", "RBLOCK", "KBLOCK", "GROUP_M")}})
+    ran = run_sources(jobs)
+    # the epilogue's outputs: the pair's parameter i is the epilogue's (i - head), past the product
+    want = [ran[0][i - head + (i - head >= at)] for i in outputs]
+    assert want
+    for got in ran[1:]:
+        assert tune.agrees([got[i] for i in outputs], want)

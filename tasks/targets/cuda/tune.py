@@ -239,19 +239,15 @@ def _library_run(entry: dict[str, Any], epilogue: dict[str, Any], folder: Path, 
     import torch
 
     facts = entry["matmul"]
-    head = 3 if facts["op"] in ("addmm", "baddbmm") else 2  # the call's inputs lead the parameters
-    product = _fresh(epilogue["params"][facts["product"]])
-    rest = [_fresh(p) if p["role"] == "out" else (t.clone() if p["role"] == "inout" else t)
-            for t, p in zip(base[head:], entry["params"][head:], strict=True)]
-    at = facts["product"]
-    tensors = [*rest[:at], product, *rest[at:]]
+    head = call_inputs(entry)
+    product, rest, tensors = library_arguments(entry, epilogue, base)
     variant = epilogue["variants"][0]
     config = variant["configs"][0]
     fn = getattr(load_module(folder / epilogue["file"]), variant["function"])
     kernel = compile_here(epilogue, fn, config)
 
     def run() -> None:
-        _library_call(facts, base[0], base[1], base[2] if head == 3 else None, product)
+        library_call(facts, base[0], base[1], base[2] if head == 3 else None, product)
         launch(kernel, epilogue, variant, tensors, config)
 
     run()
@@ -259,7 +255,26 @@ def _library_run(entry: dict[str, Any], epilogue: dict[str, Any], folder: Path, 
     return [rest[i - head].cpu() for i in outputs], _timed(run)
 
 
-def _library_call(facts: dict[str, Any], a: Any, b: Any, bias: Any, out: Any) -> None:
+def call_inputs(entry: dict[str, Any]) -> int:
+    """How many of a matmul pair's parameters are the call's inputs (a, b, and addmm's bias):
+    they lead; the epilogue kernel's others follow in its order."""
+    return 3 if entry["matmul"]["op"] in ("addmm", "baddbmm") else 2
+
+
+def library_arguments(entry: dict[str, Any], epilogue: dict[str, Any],
+                      base: list[Any]) -> tuple[Any, list[Any], list[Any]]:
+    """The library's way on the pair's tensors `base` (None for an output): a fresh product,
+    the pair's parameters after the call's inputs (outputs fresh, inouts cloned), and the
+    epilogue kernel's arguments (those, with the product in its place)."""
+    head, at = call_inputs(entry), entry["matmul"]["product"]
+    device = base[0].device
+    product = _fresh(epilogue["params"][at], device)
+    rest = [_fresh(p, device) if p["role"] == "out" else (t.clone() if p["role"] == "inout" else t)
+            for t, p in zip(base[head:], entry["params"][head:], strict=True)]
+    return product, rest, [*rest[:at], product, *rest[at:]]
+
+
+def library_call(facts: dict[str, Any], a: Any, b: Any, bias: Any, out: Any) -> None:
     """torch's matmul into `out`, as the wrapper's call runs it (kiln::mm, kiln::addmm, ...)."""
     import torch
 
@@ -317,11 +332,11 @@ def _copy_seconds() -> float:
     return _timed(lambda: dst.copy_(src))
 
 
-def _fresh(param: dict[str, Any]) -> Any:
+def _fresh(param: dict[str, Any], device: Any = "cuda") -> Any:
     import torch
 
     dtype = getattr(torch, _TORCH_DTYPES[param["dtype"]])
-    return torch.empty_strided(param["shape"], param["stride"], dtype=dtype, device="cuda")
+    return torch.empty_strided(param["shape"], param["stride"], dtype=dtype, device=device)
 
 
 def seconds(kernel: Any, entry: dict[str, Any], variant: dict[str, Any], tensors: list[Any],

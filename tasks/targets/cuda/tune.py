@@ -469,7 +469,12 @@ def compile_here(entry: dict[str, Any], fn: Any, config: dict[str, int]) -> Any:
     import torch
 
     major, minor = torch.cuda.get_device_capability()
-    return explicit_compile(entry, fn, config, major * 10 + minor)
+    kernel = explicit_compile(entry, fn, config, major * 10 + minor)
+    meta = kernel.metadata
+    if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+        # kiln's launcher passes no scratch memory (tasks/targets/cuda/launch.py): not a candidate
+        raise RuntimeError("the compiled kernel needs Triton scratch memory, which kiln's launcher lacks")
+    return kernel
 
 
 def _precompile_worker(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ def test_defaults(tmp_path: Path) -> None:
     config = _load(tmp_path, GOOD)
     assert config.fields["model.dtype"] == "float32"  # type: ignore[attr-defined]
     assert config.fields["weights.seed"] == 0  # type: ignore[attr-defined]
+    assert config.fields["tuning.matmul"] == "auto"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
@@ -49,6 +50,8 @@ def test_defaults(tmp_path: Path) -> None:
         (("shape = [2, 64]", "shape = [2, 64]\ncolour = 1"), "unknown key(s) colour"),
         (("[model]", "[modle]\n[model]"), "unknown key(s) modle"),
         (("shape = [2, 64]", "shape = [2, 64]\ndtype = \"complex\""), "dtype must be one of"),
+        (("[model]", "[tuning]\nmatmul = \"fast\"\n[model]"), "tuning.matmul must be one of auto, template"),
+        (("[model]", "[tuning]\nmatmull = \"auto\"\n[model]"), "unknown key(s) matmull"),
     ],
 )
 def test_bad_fields(tmp_path: Path, change: tuple[str, str], message: str) -> None:

@@ -191,13 +191,21 @@ def tune_matmul(entry: dict[str, Any], epilogue: dict[str, Any], folder: Path,
     roles = [p["role"] for p in entry["params"]]
     outputs = [i for i, role in enumerate(roles) if role != "in"]
     _device_limits()
+    # Note: cuBLAS's workspace is allocated through torch's allocator at a process's first
+    # matmul and kept; it is the library's, not the pair's working set, so it is made before
+    # the peak is reset and counted out of it.
+    torch.mm(torch.ones(1, 1, device="cuda"), torch.ones(1, 1, device="cuda"))
+    held = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     base = random_inputs(entry["params"], "cuda")
-    inputs_bytes = sum(t.untyped_storage().nbytes() for t in base)
+    # the working set: the pair's tensors, and the product the library's way writes
+    product = epilogue["params"][entry["matmul"]["product"]]
+    inputs_bytes = sum(t.untyped_storage().nbytes() for t in base) + _fresh(product, "meta").nbytes
     base = [None if role == "out" else t for t, role in zip(base, roles, strict=True)]
     timings: dict[str, float | None] = {}
     errors: dict[str, str] = {}
     compiled: dict[str, Any] = {}
+    tensors: list[Any] = []
     try:
         reference, library_s = _library_run(entry, epilogue, folder, base, outputs)
     except Exception as err:  # nothing to check the template against: no candidate ships
@@ -207,6 +215,7 @@ def tune_matmul(entry: dict[str, Any], epilogue: dict[str, Any], folder: Path,
         if variant["name"] == _LIBRARY:
             timings[label] = library_s
             continue
+        tensors = []  # the last candidate's outputs go before this one's are made
         tensors = [_fresh(p) if role == "out" else (t.clone() if role == "inout" else t)
                    for t, p, role in zip(base, entry["params"], roles, strict=True)]
         try:
@@ -221,13 +230,12 @@ def tune_matmul(entry: dict[str, Any], epilogue: dict[str, Any], folder: Path,
             continue
         compiled[label] = kernel
         timings[label] = seconds(kernel, entry, variant, tensors, config)
-        del tensors
     record = decide(entry, timings, errors)
-    record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated(),
+    record |= {"inputs_bytes": inputs_bytes, "peak_bytes": torch.cuda.max_memory_allocated() - held,
                "gpu": torch.cuda.get_device_name(), "settled": False}
     if cubins is not None and record["label"] in compiled:
         save_cubin(compiled[record["label"]], cubins / f"{entry['key'][:16]}")
-    del base
+    del base, tensors
     torch.cuda.empty_cache()
     return record
 

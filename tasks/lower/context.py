@@ -84,8 +84,10 @@ class Lower:
         self.counter[0] += 1
         return f"{self.prefix}{self.counter[0] - 1}"
 
-    def new_buffer(self, shape: tuple[int, ...], dtype: DType) -> Buffer:
-        return Buffer(self.name(), shape, contiguous_strides(shape), dtype, self.device)
+    def new_buffer(self, shape: tuple[int, ...], dtype: DType,
+                   stride: tuple[int, ...] | None = None) -> Buffer:
+        layout = contiguous_strides(shape) if stride is None else stride
+        return Buffer(self.name(), shape, layout, dtype, self.device)
 
     def emit(self, node: Node) -> None:
         self.nodes.append(node)
@@ -154,9 +156,10 @@ class Lower:
         return strided
 
     def extern(self, op: ExternOp, inputs: list[TensorValue | None], params: dict[str, Any],
-               call: Call) -> TensorValue:
+               call: Call, stride: tuple[int, ...] | None = None) -> TensorValue:
+        """The call into a new buffer: row-major, or laid out by `stride`."""
         views = tuple(None if v is None else self.view(v, call.origin) for v in inputs)
-        out = self.new_buffer(call.meta.shape, call.meta.dtype)
+        out = self.new_buffer(call.meta.shape, call.meta.dtype, stride)
         self.emit(Extern(op, out, views, canonical_json(params).decode(), call.origin))
         return TensorValue.of(out)
 

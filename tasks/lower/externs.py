@@ -80,7 +80,21 @@ def _sdpa(ctx: Lower, call: Call) -> TensorValue:
     inputs: list[TensorValue | None] = [query, call.tensor("key"), call.tensor("value"),
                                         mask if isinstance(mask, TensorValue) else None]
     params = {k: call[k] for k in ("dropout_p", "is_causal", "scale", "enable_gqa")}
-    return ctx.extern(ExternOp.SDPA, inputs, params, call)
+    return ctx.extern(ExternOp.SDPA, inputs, params, call, _heads_inside(call.meta.shape))
+
+
+# Note: torch's attention kernels (memory-efficient and flash on the GPU, flash on the CPU)
+# write their [B, H, L, E] result with the heads inside the tokens, [B, L, H, E] in memory,
+# and return it transposed. kiln's buffer for it is laid out the same way, so the runtime's
+# copy of the result into it is a straight copy, and the heads' merge that follows every
+# attention ([B, H, L, E] -> [B, L, H * E] for the output projection) is a view of the buffer
+# for the matmul, not a transposing kernel of its own (bert: one per layer).
+def _heads_inside(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """[B, H, L, E] strides with the heads inside the tokens; None (row-major) for other ranks."""
+    if len(shape) != 4:
+        return None
+    _, heads, tokens, width = shape
+    return tokens * heads * width, width, heads * width, 1
 
 
 # Note: a boolean mask becomes the additive float mask (0 where True, -inf where False) in a

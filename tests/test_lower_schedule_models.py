@@ -68,3 +68,28 @@ def test_reference_model_lowers_schedules_and_matches_eager(name: str, cache: Ca
     args = _args(graph, inputs, weights)
     _close(run_graph(graph, args), want, f"{name}: lowered graph")
     _close(run_schedule(schedule, args), want, f"{name}: schedule")
+
+
+def test_attention_reads_its_projections_and_its_result_without_a_copy() -> None:
+    """gpt2's attention, float32: one linear layer makes query, key and value, split in three and
+    read by attention through views, so its bias stays in addmm (no kernel of kiln's reads the
+    product: tasks/lower/consumers.py); attention's result is laid out as torch's kernels write
+    it, so the heads' merge before the output projection is a view (tasks/lower/externs.py)."""
+    import torch.nn.functional as F
+
+    from tasks.ir.nodes import Extern, ExternOp
+    from tasks.schedule.model import CallStep
+    from tests.schedule_harness import compile_fn
+
+    qkv, proj = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.view(2, 8, 4, 8).transpose(1, 2) for t in qkv(x).split(32, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return proj(y.transpose(1, 2).reshape(2, 8, 32))
+
+    with torch.no_grad():
+        schedule = compile_fn(block, torch.randn(2, 8, 32)).schedule
+    calls = [s.node.op for s in schedule.main.steps if isinstance(s, CallStep) and isinstance(s.node, Extern)]
+    assert calls[:2] == [ExternOp.ADDMM, ExternOp.SDPA], calls
+    assert len(schedule.kernels) == 1, [k.origins for k in schedule.kernels]  # the output projection's bias

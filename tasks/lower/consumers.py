@@ -17,7 +17,13 @@ VIEWS = frozenset({
     "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default",
     "aten.permute.default", "aten.transpose.int", "aten.t.default", "aten.expand.default",
     "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
-    "aten.slice.Tensor", "aten.select.int",
+    "aten.slice.Tensor", "aten.select.int", "aten.narrow.default", "aten.numpy_T.default",
+    # each of its outputs a slice (gpt2's fused query, key and value projection, split in three)
+    "aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int", "aten.chunk.default",
+    "aten.view_copy.default", "aten.permute_copy.default", "aten.expand_copy.default",
+    "aten.unsqueeze_copy.default", "aten.squeeze_copy.dims", "aten.slice_copy.Tensor",
+    "aten.select_copy.int", "aten.alias_copy.default", "aten.split_copy.Tensor",
+    "aten.split_with_sizes_copy.default", "aten.unbind_copy.int",
 })
 # Ops kiln runs as library calls (tasks/lower/externs.py): nothing is fused into them.
 EXTERNS = frozenset({

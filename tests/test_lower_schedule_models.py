@@ -86,7 +86,8 @@ def test_attention_reads_its_projections_and_its_result_without_a_copy() -> None
     def block(x: torch.Tensor) -> torch.Tensor:
         q, k, v = (t.view(2, 8, 4, 8).transpose(1, 2) for t in qkv(x).split(32, dim=2))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return proj(y.transpose(1, 2).reshape(2, 8, 32))
+        out: torch.Tensor = proj(y.transpose(1, 2).reshape(2, 8, 32))
+        return out
 
     with torch.no_grad():
         schedule = compile_fn(block, torch.randn(2, 8, 32)).schedule

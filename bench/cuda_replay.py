@@ -69,7 +69,7 @@ def in_dtype(config: Any, dtype: str) -> Any:
 
 
 def bench_model(name: str, root: Path, runs: int, with_torch: bool, dtype: str,
-                matmul: tuple[str, ...] = ("auto",)) -> dict[str, Any]:
+                matmul: tuple[str, ...] = ("library",)) -> dict[str, Any]:
     import torch
 
     from kiln import compile_config, load_config
@@ -124,8 +124,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"),
                    help="the models' and their float inputs' dtype (default float16, as issue 23 measures)")
-    p.add_argument("--matmul", default="auto", help="comma-separated tuning.matmul modes, a build each "
-                   "(auto, template, library; default auto): the first is the kiln build of every engine")
+    p.add_argument("--matmul", default="library", help="comma-separated tuning.matmul modes, a build each "
+                   "(auto, template, library; default library): the first is the kiln build of every engine")
     p.add_argument("--no-torch", action="store_true", help="kiln only (no torch.compile)")
     args = p.parse_args(argv)
     modes = tuple(args.matmul.split(","))

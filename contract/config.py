@@ -36,7 +36,11 @@ _TUNING_KEYS = {"matmul"}
 # triton_matmul.py). "auto" times that template against the library call and the kernel, on
 # the GPU, and ships the faster (the library call where there is no GPU to time on);
 # "template" always ships the template; "library" never tries it. The cpu target has no template.
+# "library" is the default until the templates have run on a GPU (make test-gpu's
+# tests/test_cuda_matmul.py, and bench/cuda_replay.py --matmul library,auto): a build that has
+# not asked for them runs only what the GPU tests have checked.
 MATMUL_CHOICES = ("auto", "template", "library")
+MATMUL_DEFAULT = "library"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +130,8 @@ def _validate(raw: dict[str, Any], where: str) -> dict[str, Any]:
         "inputs": _inputs(raw.get("inputs"), where),
         "weights.seed": _int(weights.get("seed", 0), "weights.seed", where),
         "weights.checkpoint": _opt_str(weights.get("checkpoint"), "weights.checkpoint", where),
-        "tuning.matmul": _choice(tuning.get("matmul", "auto"), MATMUL_CHOICES, "tuning.matmul", where),
+        "tuning.matmul": _choice(tuning.get("matmul", MATMUL_DEFAULT), MATMUL_CHOICES, "tuning.matmul",
+                                 where),
     }
 
 

@@ -38,7 +38,7 @@ def test_defaults(tmp_path: Path) -> None:
     config = _load(tmp_path, GOOD)
     assert config.fields["model.dtype"] == "float32"  # type: ignore[attr-defined]
     assert config.fields["weights.seed"] == 0  # type: ignore[attr-defined]
-    assert config.fields["tuning.matmul"] == "auto"  # type: ignore[attr-defined]
+    assert config.fields["tuning.matmul"] == "library"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

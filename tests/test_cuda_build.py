@@ -62,8 +62,7 @@ def test_a_cuda_model_builds_and_links_without_a_gpu(name: str, mlp_build: tuple
 
 def test_matmul_templates_build_and_link_without_a_gpu(tmp_path: Path, cache: Cache) -> None:
     """tuning.matmul = "template": mlp's three linear layers into a GELU run as templates, each
-    launched in place of its library call and the GELU's kernel; untuned (no GPU), as "auto"
-    builds the library's calls."""
+    launched in place of its library call and the GELU's kernel (untuned: no GPU)."""
     config = load_config("mlp")
     config = dataclasses.replace(config, fields={**config.fields, "tuning.matmul": "template"})
     result = compile_model(config, BuildOptions("cuda", tmp_path / "mlp"), cache)
@@ -80,6 +79,25 @@ def test_matmul_templates_build_and_link_without_a_gpu(tmp_path: Path, cache: Ca
     kernels = json.loads(result.entries["gen-tuning-code"].file("kernels.json").read_text())["kernels"]
     pairs = [e for e in kernels if "matmul" in e]
     assert [len(e["variants"]) for e in pairs] == [1, 1]  # the template only: no library candidate
+    assert (result.out / "model.so").is_file()
+
+
+def test_untuned_matmul_pairs_keep_the_library_calls(tmp_path: Path, cache: Cache) -> None:
+    """tuning.matmul = "auto" without a GPU: each pair's default, the library's call and the
+    GELU's kernel, ships; the pairs have no cubin, and model.so links without them."""
+    config = load_config("mlp")
+    config = dataclasses.replace(config, fields={**config.fields, "tuning.matmul": "auto"})
+    result = compile_model(config, BuildOptions("cuda", tmp_path / "mlp"), cache)
+    wrapper = result.entries["gen-cpp"].file("wrapper.cpp").read_text()
+    assert wrapper.count("kiln::mm(") == 5
+    assert "_matmul" not in wrapper
+    decisions = json.loads(result.entries["autotune"].file("tuning.json").read_text())
+    library = [d for d in decisions.values() if d["variant"] == "library"]
+    assert len(library) == 2
+    assert all(d["launch"] is None and not d["cubin"] and not d["tuned"] for d in library)
+    rows = {row["kernel"]: row for row in report_json(result)["kernels"]}
+    assert rows["mm_k1"]["variant"] == "library (untuned)"
+    assert rows["mm_k1"]["share"] is None  # its time would be the call's and the GELU's, counted apart
     assert (result.out / "model.so").is_file()
 
 

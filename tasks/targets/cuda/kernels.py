@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import pretty_json
+from contract.config import MATMUL_DEFAULT
 from contract.job import StageJob
 from contract.timings import LIBRARY
 from contract.toolchain import CROSS_ARCH
@@ -49,7 +50,7 @@ def function_for(name: str, variant: TritonVariant) -> str:
 
 def run(job: StageJob) -> Mapping[str, Any]:
     """The cuda target's gen-tuning-code entry."""
-    matmul = str(job.config.get("tuning.matmul") or "auto")
+    matmul = str(job.config.get("tuning.matmul") or MATMUL_DEFAULT)
     return run_with(job, lambda schedule, out: write(schedule, out, matmul))
 
 

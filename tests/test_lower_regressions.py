@@ -265,3 +265,14 @@ def test_a_scalar_keeps_the_dtype_of_the_tensor_it_meets() -> None:
         t = TensorValue.of(Buffer("t", (), (), tensor_dtype, "cpu", BufferKind.INPUT))
         made = _zero_dim(Lower("cpu"), Call("aten.x.y", "n", {"self": t, "other": value}, None), value)
         assert made.dtype is made_dtype, (value, tensor_dtype)
+
+
+def test_as_strided_over_attentions_result_addresses_eagers_layout() -> None:
+    """attention's buffer takes eager's layout of its result (tasks/lower/externs.py:
+    dense_layout), so an as_strided over it reads the storage as eager's does."""
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    compile_fn(lambda a, b, c: torch.as_strided(F.scaled_dot_product_attention(a, b, c), (2, 4), (1, 2)) + 1,
+               q, k, v)
+    heads = torch.randn(1, 8, 2, 4).transpose(1, 2)  # a transformer's query: the heads inside the tokens
+    compile_fn(lambda a: torch.as_strided(F.scaled_dot_product_attention(a, a, a), (3, 4), (4, 1), 8) * 2,
+               heads)

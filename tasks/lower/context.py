@@ -42,6 +42,7 @@ class LoweringError(Exception):
 class OutMeta:
     shape: tuple[int, ...]
     dtype: DType
+    stride: tuple[int, ...] | None = None  # eager's layout in the trace, where the program records it
 
 
 @dataclass

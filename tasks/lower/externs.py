@@ -80,21 +80,29 @@ def _sdpa(ctx: Lower, call: Call) -> TensorValue:
     inputs: list[TensorValue | None] = [query, call.tensor("key"), call.tensor("value"),
                                         mask if isinstance(mask, TensorValue) else None]
     params = {k: call[k] for k in ("dropout_p", "is_causal", "scale", "enable_gqa")}
-    return ctx.extern(ExternOp.SDPA, inputs, params, call, _heads_inside(call.meta.shape))
+    return ctx.extern(ExternOp.SDPA, inputs, params, call, dense_layout(call.meta.shape, call.meta.stride))
 
 
-# Note: torch's attention kernels (memory-efficient and flash on the GPU, flash on the CPU)
-# write their [B, H, L, E] result with the heads inside the tokens, [B, L, H, E] in memory,
-# and return it transposed. kiln's buffer for it is laid out the same way, so the runtime's
-# copy of the result into it is a straight copy, and the heads' merge that follows every
-# attention ([B, H, L, E] -> [B, L, H * E] for the output projection) is a view of the buffer
-# for the matmul, not a transposing kernel of its own (bert: one per layer).
-def _heads_inside(shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """[B, H, L, E] strides with the heads inside the tokens; None (row-major) for other ranks."""
-    if len(shape) != 4:
+# Note: attention's buffer takes the layout eager gave its result in the trace. torch's
+# attention kernels return [B, H, L, E] with the heads inside the tokens ([B, L, H, E] in
+# memory): the GPU's always, the CPU's flash kernel where the query is laid out so, as a
+# transformer's query (a linear layer's output, split into heads) is. Laid out the same way,
+# the runtime's copy of the result into kiln's buffer is a straight copy, and the heads' merge
+# that follows ([B, H, L, E] -> [B, L, H * E] for the output projection) is a view for the
+# matmul, not a transposing kernel of its own (one per layer). And an as_strided over the
+# result addresses the storage as eager's does.
+def dense_layout(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """`stride` where it lays `shape` out densely (a permutation of row-major: no gaps, no
+    overlap); None (row-major) otherwise."""
+    if stride is None or len(stride) != len(shape):
         return None
-    _, heads, tokens, width = shape
-    return tokens * heads * width, width, heads * width, 1
+    expected = 1
+    for size, step in sorted(((n, s) for n, s in zip(shape, stride, strict=True) if n != 1),
+                             key=lambda dim: dim[1]):
+        if step != expected:
+            return None
+        expected *= size
+    return stride
 
 
 # Note: a boolean mask becomes the additive float mask (0 where True, -inf where False) in a

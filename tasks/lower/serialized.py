@@ -76,7 +76,7 @@ def tensor_meta(values: Json, name: str) -> tuple[OutMeta, tuple[int, ...], str]
     what = f"tensor {name!r}"
     shape = tuple(static_size(s, what) for s in value["sizes"])
     strides = tuple(static_size(s, what) for s in value["strides"])
-    return OutMeta(shape, scalar_type(value["dtype"])), strides, value["device"]["type"]
+    return OutMeta(shape, scalar_type(value["dtype"]), strides), strides, value["device"]["type"]
 
 
 def input_buffer(values: Json, name: str, kind: BufferKind, weight: str = "") -> Buffer:

@@ -249,7 +249,7 @@ def _as_strided(ctx: Lower, call: Call) -> TensorValue:
     base = x.buffer
     if base.name in ctx.eager_strides:
         raise LoweringError(f"as_strided over {base.name}, which eager lays out with strides "
-                            f"{list(ctx.eager_strides[base.name])} and kiln row-major",
+                            f"{list(ctx.eager_strides[base.name])} and kiln with {list(base.stride)}",
                             "call .contiguous() before as_strided, or use a view op (view, permute, ...)")
     start = x.strided()
     if base.stride != _contiguous(base.shape) or start is None:

@@ -25,7 +25,7 @@ void graph_0(kiln::Context& ctx, void* const* args, void* const* results) {
     kiln::launch(ctx, 0, 1, a, 4);
   }
   {  // scaled_dot_product_attention (scaled_dot_product_attention)
-    const kiln::Tensor& out = kiln::view(ctx, 0, b_buf1, kiln::DType::F32, {1, 2, 8, 4}, {64, 4, 8, 1});
+    const kiln::Tensor& out = kiln::view(ctx, 0, b_buf1, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
     const kiln::Tensor& in0 = kiln::view(ctx, 1, b_args_0, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
     const kiln::Tensor& in1 = kiln::view(ctx, 2, b_args_1, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
     const kiln::Tensor& in2 = kiln::view(ctx, 3, b_args_2, kiln::DType::F32, {1, 2, 8, 4}, {64, 32, 4, 1});
@@ -43,7 +43,7 @@ const kiln::TensorSpec kInputs[] = {
 };
 const kiln::TensorSpec* const kWeights = nullptr;
 const kiln::TensorSpec kOutputs[] = {
-  {"output0", kiln::DType::F32, 4, {1, 2, 8, 4}, {64, 4, 8, 1}},
+  {"output0", kiln::DType::F32, 4, {1, 2, 8, 4}, {64, 32, 4, 1}},
 };
 const kiln::Write* const kWrites = nullptr;
 const size_t kArenas[] = {256};

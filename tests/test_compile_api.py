@@ -169,3 +169,24 @@ def test_an_error_names_the_line_of_a_model_outside_the_project(tmp_path: Path,
     with pytest.raises(KilnError, match=r"at my_model\.py:6: return torch\.nonzero"):
         kiln_compile(module.Picky(), (torch.randn(5),), target="cpu", out=tmp_path / "b",
                      cache_dir=tmp_path / "c")
+
+
+class Attentions(torch.nn.Module):
+    """Attention as eager takes it and torch's kernels do not: 3-d and 2-d (no heads), a 2-d
+    float mask, a 3-d boolean one, and a 4-d query with a 2-d mask."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor,
+                keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        heads = q.view(2, 8, 2, 2).transpose(1, 2)
+        return (F.scaled_dot_product_attention(q, k, k, attn_mask=mask),
+                F.scaled_dot_product_attention(q[0], k[0], k[0], attn_mask=keep[0]),
+                F.scaled_dot_product_attention(q, k, k, attn_mask=keep, scale=0.3),
+                F.scaled_dot_product_attention(q, q, q, is_causal=True),
+                F.scaled_dot_product_attention(heads, heads, heads, attn_mask=q[0] @ q[0].t()))
+
+
+def test_attention_of_fewer_than_four_dims_runs_as_eager(cache_dir: Path, tmp_path: Path) -> None:
+    inputs = (torch.randn(2, 8, 4), torch.randn(2, 6, 4), torch.randn(8, 6), torch.rand(2, 8, 6) > 0.3)
+    compiled = _compiled(Attentions(), inputs, cache_dir, tmp_path / "b")
+    for got, want in zip(compiled(*inputs), Attentions()(*inputs), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

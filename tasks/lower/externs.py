@@ -80,7 +80,30 @@ def _sdpa(ctx: Lower, call: Call) -> TensorValue:
     inputs: list[TensorValue | None] = [query, call.tensor("key"), call.tensor("value"),
                                         mask if isinstance(mask, TensorValue) else None]
     params = {k: call[k] for k in ("dropout_p", "is_causal", "scale", "enable_gqa")}
-    return ctx.extern(ExternOp.SDPA, inputs, params, call, dense_layout(call.meta.shape, call.meta.stride))
+    if query.ndim > 4:
+        raise LoweringError(f"attention over {query.ndim}-d tensors: torch's attention kernels take "
+                            "[B, H, L, E]", "reshape the query, key and value to 4 dims before "
+                            "scaled_dot_product_attention")
+    # Note: torch's attention kernels (flash on the CPU, memory-efficient on the GPU) take 4-d
+    # tensors only, a mask too; eager widens a mask and runs a 2-d or 3-d attention on its math
+    # path. kiln hands the kernels 4-d views: size-1 dims put before the tokens, and a mask
+    # first aligned on the right with the query, as broadcasting aligns it.
+    missing, rank = 4 - query.ndim, query.ndim
+    widened = [None if v is None else _widen(v, rank, missing) for v in inputs]
+    if missing == 0:
+        layout = dense_layout(call.meta.shape, call.meta.stride)
+        return ctx.extern(ExternOp.SDPA, widened, params, call, layout)
+    out = (*call.meta.shape[:-2], *(1,) * missing, *call.meta.shape[-2:])
+    result = ctx.extern(ExternOp.SDPA, widened, params, _product_call(call, out))
+    return reshape(result, call.meta.shape)
+
+
+def _widen(x: TensorValue, rank: int, missing: int) -> TensorValue:
+    """x as a 4-d view: left-padded with size-1 dims to `rank` (the query's), then `missing`
+    size-1 dims before its last two."""
+    shape = (1,) * (rank - x.ndim) + x.shape
+    shape = (*shape[:rank - 2], *(1,) * missing, *shape[rank - 2:])
+    return x if shape == x.shape else reshape(x, shape)
 
 
 # Note: attention's buffer takes the layout eager gave its result in the trace. torch's

@@ -22,22 +22,21 @@ import json
 from dataclasses import dataclass
 
 from cache.hashing import digest_json
+from contract.timings import MATMUL_PAIR
 from tasks.codegen.triton_expr import TL, Shape
-from tasks.codegen.triton_kernel import SIGNATURE_TYPES, TritonVariant, _KernelGen, _unflatten, module_text
+from tasks.codegen.triton_kernel import (
+    SIGNATURE_TYPES,
+    TritonVariant,
+    _KernelGen,
+    _unflatten,
+    kernel_name,
+    module_text,
+)
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr
 from tasks.ir.nodes import Extern, ExternOp, View
-from tasks.schedule.epilogues import product_param
-from tasks.schedule.model import (
-    MAIN,
-    CallStep,
-    Kernel,
-    KernelStep,
-    Param,
-    Schedule,
-    ScheduledGraph,
-    subgraphs,
-)
+from tasks.schedule.epilogues import marked_pairs, product_param
+from tasks.schedule.model import MAIN, Kernel, Param, Schedule, ScheduledGraph, subgraphs
 
 
 @dataclass(frozen=True)
@@ -124,8 +123,8 @@ def matmul_pairs(schedule: Schedule) -> dict[str, list[tuple[Matmul, str]]]:
     found: dict[str, list[tuple[Matmul, str]]] = {}
 
     def walk(g: ScheduledGraph, place: str) -> None:
-        for i in g.epilogues:
-            m = pair_at(schedule, g, i)
+        for _, call, kernel in marked_pairs(schedule, g):
+            m = matmul_epilogue(call, kernel)
             if m is not None:
                 found.setdefault(m.key, []).append((m, place))
         for step in g.steps:
@@ -136,13 +135,9 @@ def matmul_pairs(schedule: Schedule) -> dict[str, list[tuple[Matmul, str]]]:
     return found
 
 
-def pair_at(schedule: Schedule, g: ScheduledGraph, i: int) -> Matmul | None:
-    """The template of the call at step i of g and the kernel after it, which the schedule
-    marked as a pair; None where the steps are not such a pair."""
-    call, after = g.steps[i], g.steps[i + 1] if i + 1 < len(g.steps) else None
-    if not (isinstance(call, CallStep) and isinstance(call.node, Extern) and isinstance(after, KernelStep)):
-        return None
-    return matmul_epilogue(call.node, schedule.kernel(after.kernel))
+def matmul_name(m: Matmul) -> str:
+    """The pair's kernel name: its epilogue kernel's, after MATMUL_PAIR (contract/timings.py)."""
+    return f"{MATMUL_PAIR}{kernel_name(m.epilogue)}"
 
 
 def matmul_configs(m: Matmul) -> list[dict[str, int]]:

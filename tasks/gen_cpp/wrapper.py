@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from tasks.ir.dtypes import DType
 from tasks.ir.nodes import Buffer, BufferKind, Cond, Extern, ExternOp, Fallback, View, contiguous_strides
+from tasks.schedule.epilogues import marked_pairs
 from tasks.schedule.model import (
     CallStep,
     CondStep,
@@ -145,13 +146,10 @@ class WrapperWriter:
         """The graph's matmul pairs the target runs as one kernel: call step -> that kernel's
         key, the call and the epilogue kernel."""
         found = {}
-        for i in g.epilogues:
-            call, after = g.steps[i], g.steps[i + 1]
-            if isinstance(call, CallStep) and isinstance(call.node, Extern) and isinstance(after, KernelStep):
-                k = self.schedule.kernel(after.kernel)
-                key = self.launcher.fused(call.node, k)
-                if key is not None:
-                    found[i] = (key, call.node, k)
+        for i, call, k in marked_pairs(self.schedule, g):
+            key = self.launcher.fused(call, k)
+            if key is not None:
+                found[i] = (key, call, k)
         return found
 
     def fused_call(self, pair: tuple[str, Extern, Kernel], names: GraphNames) -> list[str]:

@@ -16,10 +16,21 @@ from tasks.ir import index as ix
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr, Op, loads, var
 from tasks.ir.nodes import Extern, ExternOp, Pointwise
-from tasks.schedule.model import Kernel, Param
+from tasks.schedule.model import CallStep, Kernel, KernelStep, Param, Schedule, ScheduledGraph
 
 MATMULS = (ExternOp.MM, ExternOp.BMM, ExternOp.ADDMM, ExternOp.BADDBMM)
 FLOATS = (DType.F16, DType.BF16, DType.F32)
+
+
+def marked_pairs(schedule: Schedule, g: ScheduledGraph) -> list[tuple[int, Extern, Kernel]]:
+    """The pairs the schedule marked in g (ScheduledGraph.epilogues): (the call's step, the
+    call, its epilogue kernel)."""
+    pairs = []
+    for i in g.epilogues:
+        call, after = g.steps[i], g.steps[i + 1]
+        if isinstance(call, CallStep) and isinstance(call.node, Extern) and isinstance(after, KernelStep):
+            pairs.append((i, call.node, schedule.kernel(after.kernel)))
+    return pairs
 
 
 def product_param(call: Extern, kernel: Kernel) -> Param | None:

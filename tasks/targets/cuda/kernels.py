@@ -16,7 +16,7 @@ from typing import Any
 from cache.hashing import pretty_json
 from contract.config import MATMUL_DEFAULT
 from contract.job import StageJob
-from contract.timings import LIBRARY
+from contract.timings import LIBRARY, MATMUL_PAIR
 from contract.toolchain import CROSS_ARCH
 from tasks.codegen.triton_kernel import (
     TritonVariant,
@@ -29,7 +29,14 @@ from tasks.codegen.triton_kernel import (
     triton_variants,
     xnumel,
 )
-from tasks.codegen.triton_matmul import Matmul, matmul_configs, matmul_pairs, matmul_signature, matmul_source
+from tasks.codegen.triton_matmul import (
+    Matmul,
+    matmul_configs,
+    matmul_name,
+    matmul_pairs,
+    matmul_signature,
+    matmul_source,
+)
 from tasks.gen_tuning.spec import KernelParam, kernel_params
 from tasks.gen_tuning.stage import run_with
 from tasks.ir.nodes import Buffer
@@ -54,7 +61,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     return run_with(job, lambda schedule, out: write(schedule, out, matmul))
 
 
-def write(schedule: Schedule, out: Path, matmul: str = "auto") -> CudaKernelsJson:
+def write(schedule: Schedule, out: Path, matmul: str = MATMUL_DEFAULT) -> CudaKernelsJson:
     """kernels/, kernels.json and tune.py; `matmul` is the config's tuning.matmul (contract/
     config.py): whether each matmul pair's template is a candidate beside the library calls
     (auto), the only one (template), or not tried (library)."""
@@ -97,7 +104,7 @@ def _pair_entry(found: list[tuple[Matmul, str]], folder: Path, with_library: boo
     the library) the call and the kernel as they run apart, the default a build without a GPU
     ships."""
     m = found[0][0]
-    name = f"mm_{kernel_name(m.epilogue)}"
+    name = matmul_name(m)
     function = f"{name}_matmul"
     configs = matmul_configs(m)
     rel = f"{m.key[:16]}.py"
@@ -112,7 +119,7 @@ def _pair_entry(found: list[tuple[Matmul, str]], folder: Path, with_library: boo
     heads = [KernelParam(Buffer(n, v.shape, v.stride, v.dtype, m.call.out.device), "in", None)
              for n, v in m.views().items()]
     rest = [p for p in kernel_params(m.epilogue) if p.spec.name != m.product.name]
-    return CudaKernelEntry(m.key, tuple(f"mm_{pair.epilogue.name}" for pair, _ in found),
+    return CudaKernelEntry(m.key, tuple(f"{MATMUL_PAIR}{pair.epilogue.name}" for pair, _ in found),
                            (m.call.origin or m.call.op.value, *m.epilogue.origins),
                            tuple(sorted({place for _, place in found})), (*heads, *rest), name, rel,
                            matmul_signature(m), batch * rows * cols, 1,

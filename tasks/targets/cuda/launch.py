@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from contract.job import StageJob
+from contract.timings import MATMUL_PAIR, TEMPLATE
 from tasks.codegen.triton_kernel import TritonVariant, grid, kernel_name, rnumel, tile_split, xnumel
-from tasks.codegen.triton_matmul import Matmul, matmul_epilogue, matmul_grid
+from tasks.codegen.triton_matmul import Matmul, matmul_epilogue, matmul_grid, matmul_name
 from tasks.gen_cpp.stage import run_with
 from tasks.gen_cpp.wrapper import GraphNames, WrapperError
 from tasks.ir.nodes import Extern
@@ -41,6 +42,7 @@ class CudaLauncher:
 
     def __init__(self, tuning: Mapping[str, Any]) -> None:
         self.tuning = read_tuning(tuning)  # kernel key -> decision and launch facts
+        self.pairs: dict[tuple[Extern, str], Matmul] = {}  # (call, epilogue's key) -> the template fused
 
     def call(self, k: Kernel, names: GraphNames, index: int) -> list[str]:
         """A Triton kernel's launch: its arguments' addresses, in the cubin's signature order."""
@@ -63,13 +65,15 @@ class CudaLauncher:
         where autotune chose it (tasks/targets/cuda/tune.py: tune_matmul); None: run them apart."""
         m = matmul_epilogue(call, k)
         decision = None if m is None else self.tuning.get(m.key)
-        return None if m is None or decision is None or decision.launch is None else m.key
+        if m is None or decision is None or decision.launch is None:
+            return None
+        self.pairs[call, k.key] = m
+        return m.key
 
     def call_fused(self, call: Extern, k: Kernel, names: GraphNames, index: int) -> list[str]:
         """The template's launch: the call's inputs where the call would read them, then the
         epilogue's parameters but the product (which never reaches memory)."""
-        m = matmul_epilogue(call, k)
-        assert m is not None
+        m = self.pairs[call, k.key]
         decision = self.tuning[m.key]
         facts = decision.facts()
         _no_scratch(k, facts)
@@ -81,7 +85,7 @@ class CudaLauncher:
         params = {p.name: p for p in m.epilogue.params}
         args = [f"&m{i}" for i in range(len(views))]
         args += [f"&{names[params[name].buffer]}" for name in m.param_names()[len(views):]]
-        return [f"{{  // {_matmul_name(m)}: {call.op.value} and {', '.join(k.origins)}"[:120],
+        return [f"{{  // {matmul_name(m)}: {call.op.value} and {', '.join(k.origins)}"[:120],
                 f"  {' '.join(pointers)}",
                 f"  void* a[] = {{{', '.join(args)}}};",
                 f"  kiln::launch(ctx, {index}, {programs}, a, {len(args)});",
@@ -96,11 +100,8 @@ class CudaLauncher:
         for key, k in kernels.items():
             decision = self.tuning[key]
             facts = decision.facts()
-            label = f"mm_{kernel_name(k)}" if decision.variant == "matmul" else kernel_name(k)
+            label = f"{MATMUL_PAIR}{kernel_name(k)}" if decision.variant == TEMPLATE else kernel_name(k)
             name, function = json.dumps(label), json.dumps(facts.name)
             rows.append(f"  {{{name}, {cubin_symbol(key)}, {function}, {facts.num_warps}, {facts.shared}}},")
         return rows
 
-
-def _matmul_name(m: Matmul) -> str:
-    return f"mm_{kernel_name(m.epilogue)}"

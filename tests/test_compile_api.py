@@ -190,3 +190,28 @@ def test_attention_of_fewer_than_four_dims_runs_as_eager(cache_dir: Path, tmp_pa
     compiled = _compiled(Attentions(), inputs, cache_dir, tmp_path / "b")
     for got, want in zip(compiled(*inputs), Attentions()(*inputs), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class AttentionsEagerChecks(torch.nn.Module):
+    """Attention that eager runs on its math path, since its kernels refuse it: a key and value
+    with a batch of one against the query's two, grouped-query heads, a value of another head
+    size, a transposed value and query (the last dim strided), and an empty query."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, wide: torch.Tensor,
+                tall: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (F.scaled_dot_product_attention(q, k[:1], k[:1]),
+                F.scaled_dot_product_attention(q, k[:, :2], k[:, :2], enable_gqa=True),
+                F.scaled_dot_product_attention(q, k, k, enable_gqa=True),
+                F.scaled_dot_product_attention(q, k, wide),
+                F.scaled_dot_product_attention(q, k, tall.transpose(-1, -2)),
+                F.scaled_dot_product_attention(tall.transpose(-1, -2), k, k, is_causal=True),
+                F.scaled_dot_product_attention(q[:, :, :0], k, k))
+
+
+def test_attention_that_torchs_kernels_refuse_runs_as_eager(cache_dir: Path, tmp_path: Path) -> None:
+    # Note: before, the first gave NaNs and the fifth a wrong result, silently; the fourth failed at run time
+    inputs = (torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 32),
+              torch.randn(2, 4, 16, 8))
+    compiled = _compiled(AttentionsEagerChecks(), inputs, cache_dir, tmp_path / "b")
+    for got, want in zip(compiled(*inputs), AttentionsEagerChecks()(*inputs), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

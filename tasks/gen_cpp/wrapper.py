@@ -443,8 +443,6 @@ def _opt(name: str) -> str:
 
 
 def _sdpa(ins: list[str], p: Mapping[str, Any], what: str) -> str:
-    if p.get("enable_gqa"):
-        raise WrapperError("attention with enable_gqa=True is not supported on the cpu target")
     scale, prefix = "nullptr", ""
     if p.get("scale") is not None:
         prefix = f"const double s = {_double(p['scale'])}; "

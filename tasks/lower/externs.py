@@ -75,15 +75,20 @@ def _sdpa(ctx: Lower, call: Call) -> TensorValue:
     if call["dropout_p"]:
         raise LoweringError("attention with dropout_p > 0; kiln compiles inference: call model.eval()")
     mask, query = call["attn_mask"], call.tensor("query")
-    if isinstance(mask, TensorValue) and mask.dtype is DType.BOOL:
-        mask = additive_mask(ctx, mask, query.dtype, call.origin)
-    inputs: list[TensorValue | None] = [query, call.tensor("key"), call.tensor("value"),
-                                        mask if isinstance(mask, TensorValue) else None]
-    params = {k: call[k] for k in ("dropout_p", "is_causal", "scale", "enable_gqa")}
+    key, value = call.tensor("key"), call.tensor("value")
     if query.ndim > 4:
         raise LoweringError(f"attention over {query.ndim}-d tensors: torch's attention kernels take "
                             "[B, H, L, E]", "reshape the query, key and value to 4 dims before "
                             "scaled_dot_product_attention")
+    if not kernel_takes(ctx.device, query, key, value):
+        fallback: TensorValue = lower_fallback(ctx, call)  # torch's own choice: eager's math path
+        return fallback
+    if isinstance(mask, TensorValue) and mask.dtype is DType.BOOL:
+        mask = additive_mask(ctx, mask, query.dtype, call.origin)
+    query, key, value = (_unit_last_stride(ctx, v, call.origin) for v in (query, key, value))
+    inputs: list[TensorValue | None] = [query, key, value, mask if isinstance(mask, TensorValue) else None]
+    # with as many heads in key and value as in the query (kernel_takes), grouping them is a no-op
+    params = {k: call[k] for k in ("dropout_p", "is_causal", "scale")} | {"enable_gqa": False}
     # Note: torch's attention kernels (flash on the CPU, memory-efficient on the GPU) take 4-d
     # tensors only, a mask too; eager widens a mask and runs a 2-d or 3-d attention on its math
     # path. kiln hands the kernels 4-d views: size-1 dims put before the tokens, and a mask
@@ -96,6 +101,39 @@ def _sdpa(ctx: Lower, call: Call) -> TensorValue:
     out = (*call.meta.shape[:-2], *(1,) * missing, *call.meta.shape[-2:])
     result = ctx.extern(ExternOp.SDPA, widened, params, _product_call(call, out))
     return reshape(result, call.meta.shape)
+
+
+# Note: kiln calls one attention kernel of torch's directly (flash on the CPU, memory-efficient
+# on the GPU), where eager's scaled_dot_product_attention first checks the call against each
+# kernel's needs and falls back to its math path. Called on what it does not check, the CPU's
+# flash kernel reads out of bounds (a key with a batch of 1 against a query's 2: NaNs) or reads
+# a transposed value as if it were not (a wrong result, no error). kiln calls the kernel only
+# where every one of its needs holds, and otherwise calls scaled_dot_product_attention itself,
+# which chooses as eager does.
+def kernel_takes(device: str, query: TensorValue, key: TensorValue, value: TensorValue) -> bool:
+    """Whether torch's attention kernel on `device` takes these tensors as they are (the last
+    dim's stride aside: _unit_last_stride sees to it)."""
+    lead = query.shape[:-2]
+    if key.shape[:-2] != lead or value.shape[:-2] != lead:
+        return False  # broadcast batch or heads, or grouped-query heads
+    if key.shape[-2] != value.shape[-2] or key.shape[-1] != query.shape[-1]:
+        return False  # let torch say what is wrong, as eager does
+    if 0 in query.shape or 0 in key.shape or 0 in value.shape:
+        return False
+    if device == "cpu":
+        return value.shape[-1] == query.shape[-1]  # the flash kernel's one head size
+    # the memory-efficient kernel: head sizes in whole 16-byte vectors
+    per_vector = 16 // query.dtype.itemsize
+    return query.shape[-1] % per_vector == 0 and value.shape[-1] % per_vector == 0
+
+
+def _unit_last_stride(ctx: Lower, x: TensorValue, origin: str) -> TensorValue:
+    """x, copied where its view does not step by one element along its last dim (the kernels
+    read a head's vector as contiguous)."""
+    strided = x.strided()
+    if strided is None or x.shape[-1] == 1 or strided.stride[-1] == 1:
+        return x  # ctx.view copies what strides cannot say
+    return ctx.copy(x, origin)
 
 
 def _widen(x: TensorValue, rank: int, missing: int) -> TensorValue:

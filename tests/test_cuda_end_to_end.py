@@ -179,3 +179,33 @@ def matches_on_fresh_inputs(compiled: Any, model: Any, inputs: tuple[Any, ...]) 
             fresh = tuple(torch.randn_like(t) for t in inputs)
             for _ in range(2):
                 _assert_matches(compiled(*fresh), model(*fresh))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_attention_that_torchs_kernels_refuse_runs_as_eager_on_the_gpu(dtype: str, tmp_path: Path) -> None:
+    """On the GPU too, kiln calls the memory-efficient kernel only where it takes the call (and a
+    head size of 12 halves is not whole 16-byte vectors): the rest as eager runs it."""
+    import torch
+
+    import kiln
+    from tests.test_compile_api import Attentions, AttentionsEagerChecks
+
+    kind = getattr(torch, dtype)
+
+    def draw(*shape: int) -> Any:
+        return torch.randn(*shape, device="cuda", dtype=kind)
+
+    def checks(e: int) -> tuple[Any, ...]:
+        return draw(2, 4, 8, e), draw(2, 4, 8, e), draw(2, 4, 8, 2 * e), draw(2, 4, e, 8)
+
+    cases: list[tuple[torch.nn.Module, tuple[Any, ...]]] = [
+        (AttentionsEagerChecks(), checks(16)),
+        (AttentionsEagerChecks(), checks(12)),
+        (Attentions(), (draw(2, 8, 4), draw(2, 6, 4), draw(8, 6), torch.rand(2, 8, 6, device="cuda") > 0.3)),
+    ]
+    for index, (model, inputs) in enumerate(cases):
+        compiled = kiln.compile(model, inputs, target="cuda", out=tmp_path / f"b{index}",
+                                cache_dir=tmp_path / "c")
+        with torch.no_grad():
+            for _ in range(2):  # the second run replays
+                _assert_matches(compiled(*inputs), model(*inputs))

@@ -85,6 +85,14 @@ int32_t aoti_dtype(DType d) {
   return -1;
 }
 
+void row_major_strides(const TensorSpec& s, int64_t* strides) {
+  int64_t step = 1;
+  for (int d = s.ndim - 1; d >= 0; --d) {
+    strides[d] = s.sizes[d] == 1 ? s.strides[d] : step;  // a size-1 dim's stride is no one's business
+    step *= s.sizes[d];
+  }
+}
+
 size_t nbytes(const TensorSpec& s) {
   size_t span = 1;
   for (int d = 0; d < s.ndim; ++d) {
@@ -113,9 +121,17 @@ Block allocate(size_t bytes) {
 void copy_on_gpu(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
                  const int64_t* sizes, int ndim, size_t itemsize);
 
+void copy_on_host(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
+                  const int64_t* sizes, int ndim, size_t itemsize);
+
 void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
                          const int64_t* sizes, int ndim, size_t itemsize) {
   if (on_gpu()) return copy_on_gpu(dst, dst_strides, src, src_strides, sizes, ndim, itemsize);
+  copy_on_host(dst, dst_strides, src, src_strides, sizes, ndim, itemsize);
+}
+
+void copy_on_host(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
+                  const int64_t* sizes, int ndim, size_t itemsize) {
   if (ndim == 0) {
     std::memcpy(dst, src, itemsize);
     return;
@@ -127,7 +143,7 @@ void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const 
     return;
   }
   for (int64_t i = 0; i < sizes[0]; ++i) {
-    copy_strided(static_cast<char*>(dst) + i * dst_strides[0] * static_cast<int64_t>(itemsize), dst_strides + 1,
+    copy_on_host(static_cast<char*>(dst) + i * dst_strides[0] * static_cast<int64_t>(itemsize), dst_strides + 1,
                  static_cast<const char*>(src) + i * src_strides[0] * static_cast<int64_t>(itemsize),
                  src_strides + 1, sizes + 1, ndim - 1, itemsize);
   }
@@ -410,10 +426,14 @@ char* gpu_alloc(Context& ctx, const TensorSpec* like, size_t bytes) {
 }
 
 // Copies a weight from the host (its mapping) into a GPU tensor; returns the GPU address.
+// The file's bytes are row-major; the GPU tensor takes the program's layout (the copy lays the
+// weight out where the two differ: a channels-last convolution weight, say).
 void* upload(Context& ctx, const TensorSpec& w, void* host) {
   char* dst = gpu_alloc(ctx, &w, 0);
   AtenTensorHandle src = nullptr;
-  check(aoti_torch_create_tensor_from_blob(host, w.ndim, w.sizes, w.strides, 0, aoti_dtype(w.dtype),
+  int64_t row_major[kMaxDims];
+  row_major_strides(w, row_major);
+  check(aoti_torch_create_tensor_from_blob(host, w.ndim, w.sizes, row_major, 0, aoti_dtype(w.dtype),
                                            aoti_torch_device_type_cpu(), 0, &src),
         "viewing a weight on the host");
   Tensor from(src);
@@ -493,8 +513,17 @@ void bind_weights(Context& ctx, const char* path, bool verify) {
     size_t itemsize = info(w.dtype).itemsize;
     void* host = const_cast<void*>(e->data);
     // Note: a weight the model writes (a buffer it mutates) is copied out of the mapping: the
-    // file's pages are read-only and shared by every model made from it.
-    if (reinterpret_cast<uintptr_t>(e->data) % itemsize != 0 || (!on_gpu() && is_written_weight(i))) {
+    // file's pages are read-only and shared by every model made from it. So is one the
+    // program lays out otherwise than the file's row-major bytes (a permutation of them: a
+    // convolution's weight in channels-last, a transposed parameter), once, here.
+    int64_t row_major[kMaxDims];
+    row_major_strides(w, row_major);
+    bool relaid = !on_gpu() && !std::equal(row_major, row_major + w.ndim, w.strides);
+    if (relaid) {
+      ctx.owned.push_back(allocate(e->nbytes));
+      copy_on_host(ctx.owned.back().get(), w.strides, e->data, row_major, w.sizes, w.ndim, itemsize);
+      host = ctx.owned.back().get();
+    } else if (reinterpret_cast<uintptr_t>(e->data) % itemsize != 0 || (!on_gpu() && is_written_weight(i))) {
       ctx.owned.push_back(allocate(e->nbytes));
       std::memcpy(ctx.owned.back().get(), e->data, e->nbytes);
       host = ctx.owned.back().get();

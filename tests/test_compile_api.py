@@ -215,3 +215,27 @@ def test_attention_that_torchs_kernels_refuse_runs_as_eager(cache_dir: Path, tmp
     compiled = _compiled(AttentionsEagerChecks(), inputs, cache_dir, tmp_path / "b")
     for got, want in zip(compiled(*inputs), AttentionsEagerChecks()(*inputs), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class ChannelsLastNet(torch.nn.Module):
+    """A model as a vision user holds it after .to(memory_format=torch.channels_last): its
+    convolution weights are permuted in memory, and so is a transposed parameter of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.norm = torch.nn.BatchNorm2d(8)
+        self.proj = torch.nn.Parameter(torch.randn(6, 8).t())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.conv(x))).mean((2, 3)) @ self.proj
+
+
+def test_a_channels_last_model_with_permuted_weights_runs_as_eager(cache_dir: Path, tmp_path: Path) -> None:
+    # Note: before, gen-cpp refused every weight whose strides were not row-major
+    module = ChannelsLastNet().eval().to(memory_format=torch.channels_last)
+    assert module.conv.weight.stride() == (27, 1, 9, 3)
+    x = torch.randn(2, 3, 10, 10).to(memory_format=torch.channels_last)
+    compiled = _compiled(module, (x,), cache_dir, tmp_path / "b")
+    for fresh in (x, torch.randn(2, 3, 10, 10)):
+        torch.testing.assert_close(compiled(fresh), module(fresh), rtol=1e-5, atol=1e-5)

@@ -27,7 +27,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tasks.ir.dtypes import DType
-from tasks.ir.nodes import Buffer, BufferKind, Cond, Extern, ExternOp, Fallback, View, contiguous_strides
+from tasks.ir.nodes import (
+    Buffer,
+    BufferKind,
+    Cond,
+    Extern,
+    ExternOp,
+    Fallback,
+    View,
+    contiguous_strides,
+    is_dense,
+)
 from tasks.schedule.epilogues import marked_pairs
 from tasks.schedule.model import (
     CallStep,
@@ -499,9 +509,11 @@ def wrapper_source(schedule: Schedule, launcher: Launcher, isa: str = "x86-64") 
     main = schedule.main
     users = [b for b in main.inputs if b.kind is not BufferKind.WEIGHT]
     weights = [b for b in main.inputs if b.kind is BufferKind.WEIGHT]
-    for b in weights:
-        if b.stride != contiguous_strides(b.shape) and b.numel > 1:
-            raise WrapperError(f"weight {b.name} has strides {b.stride}; weights files hold contiguous ones")
+    for b in weights:  # the runtime lays a weight out from the file's row-major bytes at create
+        if not is_dense(b.shape, b.stride) and b.numel > 1:
+            raise WrapperError(f"weight {b.name} has strides {b.stride}, which overlap or leave gaps; kiln "
+                               "lays weights out as a permutation of their dims only: make the parameter "
+                               "contiguous (or one whose dims permuted are)")
     order = {b.name: i for i, b in enumerate([*users, *weights])}
     writer = WrapperWriter(schedule, launcher)
     writer.graph(main, [f"args[{order[b.name]}]" for b in main.inputs])

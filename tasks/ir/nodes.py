@@ -73,6 +73,20 @@ class Buffer:
         return span * self.dtype.itemsize
 
 
+def is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether `stride` lays `shape` out densely: a permutation of row-major (no gaps, no
+    overlap; a size-1 dim's stride is free)."""
+    if len(stride) != len(shape):
+        return False
+    expected = 1
+    for size, step in sorted(((n, s) for n, s in zip(shape, stride, strict=True) if n != 1),
+                             key=lambda dim: dim[1]):
+        if step != expected:
+            return False
+        expected *= size
+    return True
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides = []
     acc = 1

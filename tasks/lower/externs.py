@@ -11,7 +11,7 @@ from typing import Any
 
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Op, binary, cast, const, where
-from tasks.ir.nodes import ExternOp
+from tasks.ir.nodes import ExternOp, is_dense
 from tasks.lower.consumers import only_externs_read
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.registry import lower_fallback, register
@@ -155,15 +155,7 @@ def _widen(x: TensorValue, rank: int, missing: int) -> TensorValue:
 def dense_layout(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> tuple[int, ...] | None:
     """`stride` where it lays `shape` out densely (a permutation of row-major: no gaps, no
     overlap); None (row-major) otherwise."""
-    if stride is None or len(stride) != len(shape):
-        return None
-    expected = 1
-    for size, step in sorted(((n, s) for n, s in zip(shape, stride, strict=True) if n != 1),
-                             key=lambda dim: dim[1]):
-        if step != expected:
-            return None
-        expected *= size
-    return stride
+    return stride if stride is not None and is_dense(shape, stride) else None
 
 
 # Note: a boolean mask becomes the additive float mask (0 where True, -inf where False) in a

@@ -233,7 +233,7 @@ class ChannelsLastNet(torch.nn.Module):
 
 def test_a_channels_last_model_with_permuted_weights_runs_as_eager(cache_dir: Path, tmp_path: Path) -> None:
     # Note: before, gen-cpp refused every weight whose strides were not row-major
-    module = ChannelsLastNet().eval().to(memory_format=torch.channels_last)
+    module = ChannelsLastNet().eval().to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     assert module.conv.weight.stride() == (27, 1, 9, 3)
     x = torch.randn(2, 3, 10, 10).to(memory_format=torch.channels_last)
     compiled = _compiled(module, (x,), cache_dir, tmp_path / "b")

@@ -26,11 +26,12 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
 DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, "bool")
 DEVICES = ("auto", "cpu", "cuda")
-_SECTIONS = {"description", "model", "inputs", "weights", "executor", "tuning"}
+_SECTIONS = {"description", "model", "inputs", "weights", "executor", "tuning", "lower"}
 _MODEL_KEYS = {"factory", "kwargs", "dtype", "device", "requires", "project"}
 _INPUT_KEYS = {"name", "shape", "dtype", "range"}
 _WEIGHT_KEYS = {"seed", "checkpoint"}
 _TUNING_KEYS = {"matmul"}
+_LOWER_KEYS = {"layout"}
 # Note: where a matmul's product goes only to the pointwise kernel after it (a bias, a GELU, a
 # residual add), the cuda target may run the two as one Triton kernel (tasks/codegen/
 # triton_matmul.py). "auto" times that template against the library call and the kernel, on
@@ -41,6 +42,12 @@ _TUNING_KEYS = {"matmul"}
 # not asked for them runs only what the GPU tests have checked.
 MATMUL_CHOICES = ("auto", "template", "library")
 MATMUL_DEFAULT = "library"
+# Note: "auto" lays a half-precision 2-d convolution's weight, its output and the kernels that
+# follow it out channels-last on the cuda target (tasks/lower/layout.py), as cuDNN's tensor-core
+# kernels take them; "traced" keeps the layouts torch.export recorded (row-major, or the
+# model's own). The cpu target is "traced" either way.
+LAYOUT_CHOICES = ("auto", "traced")
+LAYOUT_DEFAULT = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +128,8 @@ def _validate(raw: dict[str, Any], where: str) -> dict[str, Any]:
     _no_unknown(weights, _WEIGHT_KEYS, f"{where} [weights]")
     tuning = _table(raw, "tuning", where, required=False)
     _no_unknown(tuning, _TUNING_KEYS, f"{where} [tuning]")
+    lower = _table(raw, "lower", where, required=False)
+    _no_unknown(lower, _LOWER_KEYS, f"{where} [lower]")
     return {
         "model.factory": _factory(model.get("factory"), where),
         "model.kwargs": _kwargs(model.get("kwargs", {}), where),
@@ -132,6 +141,7 @@ def _validate(raw: dict[str, Any], where: str) -> dict[str, Any]:
         "weights.checkpoint": _opt_str(weights.get("checkpoint"), "weights.checkpoint", where),
         "tuning.matmul": _choice(tuning.get("matmul", MATMUL_DEFAULT), MATMUL_CHOICES, "tuning.matmul",
                                  where),
+        "lower.layout": _choice(lower.get("layout", LAYOUT_DEFAULT), LAYOUT_CHOICES, "lower.layout", where),
     }
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contract.config import MATMUL_DEFAULT, PROJECT_ROOT, ModelConfig
+from contract.config import LAYOUT_DEFAULT, MATMUL_DEFAULT, PROJECT_ROOT, ModelConfig
 from contract.errors import KilnError
 from contract.facts import TARGETS, default_target
 from pipeline.build import Cache, compile_model, default_cache_root
@@ -92,6 +92,7 @@ def _live_config(name: str, inputs: tuple[Any, ...], extra: dict[str, Any],
         "weights.seed": 0,
         "weights.checkpoint": None,
         "tuning.matmul": MATMUL_DEFAULT,
+        "lower.layout": LAYOUT_DEFAULT,
         **extra,
     }
     return ModelConfig(name, Path(f"<live>/{name}"), root, fields)

@@ -84,7 +84,9 @@ STAGES: tuple[Stage, ...] = (
         "lower",
         "aten ops to kiln's loop-level IR",
         reads=("trace/program.json",),
+        config=("lower.layout",),
         env=("python", "torch"),
+        by_target=True,  # the layout (tasks/lower/layout.py)
         entry="tasks.lower.stage:run",
     ),
     Stage(

@@ -40,10 +40,11 @@ class Compiled:
 
 
 def compile_fn(fn: Callable[..., Any] | torch.nn.Module, *inputs: torch.Tensor,
-               rtol: float = 1e-4, atol: float = 1e-5) -> Compiled:
-    """Lower and schedule fn; check both the lowered graph and the schedule against eager."""
+               rtol: float = 1e-4, atol: float = 1e-5, layout: str = "traced") -> Compiled:
+    """Lower and schedule fn; check both the lowered graph and the schedule against eager.
+    layout: lower.layout ("auto": the cuda target's default)."""
     program = export(fn, inputs)
-    graph = lower_program(program_data(program), {})
+    graph = lower_program(program_data(program), {}, layout)
     verify(graph)
     schedule, dumps = schedule_program(graph)
     verify_schedule(schedule)

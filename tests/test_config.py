@@ -39,6 +39,9 @@ def test_defaults(tmp_path: Path) -> None:
     assert config.fields["model.dtype"] == "float32"  # type: ignore[attr-defined]
     assert config.fields["weights.seed"] == 0  # type: ignore[attr-defined]
     assert config.fields["tuning.matmul"] == "library"  # type: ignore[attr-defined]
+    assert config.fields["lower.layout"] == "auto"  # type: ignore[attr-defined]
+    traced = _load(tmp_path, GOOD.replace("[model]", "[lower]\nlayout = \"traced\"\n[model]"))
+    assert traced.fields["lower.layout"] == "traced"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
@@ -52,6 +55,7 @@ def test_defaults(tmp_path: Path) -> None:
         (("shape = [2, 64]", "shape = [2, 64]\ndtype = \"complex\""), "dtype must be one of"),
         (("[model]", "[tuning]\nmatmul = \"fast\"\n[model]"), "tuning.matmul must be one of auto, template"),
         (("[model]", "[tuning]\nmatmull = \"auto\"\n[model]"), "unknown key(s) matmull"),
+        (("[model]", "[lower]\nlayout = \"nhwc\"\n[model]"), "lower.layout must be one of auto, traced"),
     ],
 )
 def test_bad_fields(tmp_path: Path, change: tuple[str, str], message: str) -> None:

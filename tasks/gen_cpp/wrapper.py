@@ -35,6 +35,7 @@ from tasks.ir.nodes import (
     ExternOp,
     Fallback,
     View,
+    channels_last_strides,
     contiguous_strides,
     is_dense,
 )
@@ -422,13 +423,24 @@ def on_cudnn(node: Extern) -> bool:
         return False
     if x.dtype is not node.out.dtype or weight.dtype is not node.out.dtype or 0 in x.shape + weight.shape:
         return False
-    if not (_row_major(x) and _row_major(weight)):
+    if not (_row_major(x) and _row_major(weight)) and not _channels_last(weight, x):
         return False
     per_sample = max(math.prod(x.shape[1:]), math.prod(node.out.shape[1:]))
     if per_sample > 2**31 - 1:
         return False
     groups, channels = int(params["groups"]), x.shape[1]
     return not (groups > 1 and channels == groups and weight.shape[0] % channels == 0)  # depthwise
+
+
+def _channels_last(weight: View, x: View) -> bool:
+    """A 2-d convolution's weight laid out channels-last (tasks/lower/layout.py), over a dense input:
+    cuDNN's call takes both in channels-last, as eager's takes a channels-last model's."""
+    return (len(weight.shape) == 4 and _same_layout(weight, channels_last_strides(weight.shape))
+            and is_dense(x.shape, x.stride))
+
+
+def _same_layout(v: View, stride: tuple[int, ...]) -> bool:
+    return all(size == 1 or s == w for size, s, w in zip(v.shape, v.stride, stride, strict=True))
 
 
 def _row_major(v: View) -> bool:

@@ -87,6 +87,12 @@ def is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return True
 
 
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """[N, C, H, W]'s strides with C innermost, then W, H, N."""
+    _, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides = []
     acc = 1

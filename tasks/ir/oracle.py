@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tasks.ir.interpret import run_graph
-from tasks.ir.nodes import BufferKind, Graph
+from tasks.ir.nodes import Buffer, BufferKind, Graph
 
 
 def graph_args(graph: Graph, program: torch.export.ExportedProgram,
@@ -19,8 +19,15 @@ def graph_args(graph: Graph, program: torch.export.ExportedProgram,
     user = iter(inputs)
     args: dict[str, torch.Tensor] = {}
     for b in graph.inputs:
-        args[b.name] = weights[b.weight] if b.kind is BufferKind.WEIGHT else next(user)
+        args[b.name] = _laid_out(weights[b.weight], b) if b.kind is BufferKind.WEIGHT else next(user)
     return args
+
+
+def _laid_out(weight: torch.Tensor, b: Buffer) -> torch.Tensor:
+    """The weight in the program's layout, as the runtime lays it out at create."""
+    if weight.stride() == b.stride:
+        return weight
+    return torch.empty_strided(b.shape, b.stride, dtype=weight.dtype).copy_(weight)
 
 
 def export(module: torch.nn.Module | Callable[..., Any],

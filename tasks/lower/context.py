@@ -14,7 +14,7 @@ from typing import Any
 
 from cache.hashing import canonical_json
 from tasks.ir.dtypes import DType
-from tasks.ir.expr import Expr, cast, const
+from tasks.ir.expr import Expr, buffers_read, cast, const
 from tasks.ir.nodes import (
     Buffer,
     Extern,
@@ -27,7 +27,8 @@ from tasks.ir.nodes import (
     View,
     contiguous_strides,
 )
-from tasks.lower.values import Loop, TensorValue
+from tasks.lower.layout import NCHW_IN_NHWC, nhwc_body, nhwc_shape
+from tasks.lower.values import Loop, TensorValue, view_var
 
 
 class LoweringError(Exception):
@@ -80,6 +81,11 @@ class Lower:
     derived_values: dict[Hashable, TensorValue] = field(default_factory=dict)
     # Per fx value of the graph being lowered: what reads it (tasks/lower/consumers.py).
     consumers: dict[str, list[tuple[str, list[str]]]] = field(default_factory=dict)
+    # "auto": a half-precision conv net's activations channels-last on the GPU (tasks/lower/layout.py)
+    layout: str = "traced"
+    # Buffers whose 4-d values are channels-last (shared with subgraphs): a kernel that reads
+    # one writes one (`_nhwc`).
+    channels_last: set[str] = field(default_factory=set)
 
     def name(self) -> str:
         self.counter[0] += 1
@@ -100,12 +106,32 @@ class Lower:
         return self.derived_values[key]
 
     def pointwise(self, shape: tuple[int, ...], dtype: DType, origin: str,
-                  body: Callable[[Loop], Expr]) -> TensorValue:
+                  body: Callable[[Loop], Expr], row_major: bool = False) -> TensorValue:
+        """The body's value in a new buffer: row-major, or channels-last after a channels-last
+        input unless `row_major` (a copy whose buffer others address: a scatter's, an output's)."""
         loop = Loop(shape)
         expr = cast(body(loop), dtype)
+        if not row_major and self._nhwc(shape, expr):
+            out = self.new_buffer(nhwc_shape(shape), dtype)
+            self.emit(Pointwise(out, nhwc_body(expr), origin))
+            return self._nchw_view(out)
         out = self.new_buffer(shape, dtype)
         self.emit(Pointwise(out, expr, origin))
         return TensorValue.of(out)
+
+    def _nhwc(self, shape: tuple[int, ...], body: Expr) -> bool:
+        """Whether a kernel of this shape, computing `body`, writes channels-last: a 4-d one
+        with channels and a plane, reading a channels-last buffer."""
+        if not self.channels_last or len(shape) != 4 or shape[1] == 1 or shape[2] * shape[3] == 1:
+            return False
+        return any(name in self.channels_last for name in buffers_read(body))
+
+    def _nchw_view(self, out: Buffer) -> TensorValue:
+        """An [N, H, W, C] buffer's value: its [N, C, H, W] view, channels-last in memory."""
+        self.channels_last.add(out.name)
+        n, h, w, c = out.shape
+        self.eager_strides[out.name] = contiguous_strides((n, c, h, w))  # eager's NCHW
+        return TensorValue(out, (n, c, h, w), tuple(view_var(NCHW_IN_NHWC.index(b)) for b in range(4)))
 
     def reduction(self, op: ReduceOp, shape: tuple[int, ...], reduce: tuple[int, ...],
                   origin: str, body: Callable[[Loop], Expr]) -> tuple[TensorValue, ...]:
@@ -122,6 +148,10 @@ class Lower:
             expr, dtypes = cast(expr, DType.BOOL), [DType.BOOL]
         else:
             dtypes = [expr.dtype]
+        if self._nhwc(shape, expr):  # a max pool's window over a channels-last input, say
+            outs = tuple(self.new_buffer(nhwc_shape(shape), d) for d in dtypes)
+            self.emit(Reduction(outs, op, nhwc_shape(shape), reduce, nhwc_body(expr), origin))
+            return tuple(self._nchw_view(b) for b in outs)
         outs = tuple(self.new_buffer(shape, d) for d in dtypes)
         self.emit(Reduction(outs, op, shape, reduce, expr, origin))
         return tuple(TensorValue.of(b) for b in outs)
@@ -134,7 +164,8 @@ class Lower:
         """A fresh contiguous buffer holding the value (a scatter's target, say)."""
         if value.dtype.is_complex:
             return self.complex_copy(value, origin)
-        return self.pointwise(value.shape, value.dtype, origin, lambda loop: loop.load(value, loop.idx))
+        return self.pointwise(value.shape, value.dtype, origin, lambda loop: loop.load(value, loop.idx),
+                              row_major=True)
 
     def complex_copy(self, value: TensorValue, origin: str) -> TensorValue:
         """A complex value's copy, by torch (aten.clone): no kiln kernel computes on complex."""

@@ -32,7 +32,7 @@ def lower_subgraph(ctx: Lower, call: Call, subgraph: Any, operands: list[View]) 
 
     inputs = [Buffer(ctx.name(), v.shape, contiguous_strides(v.shape), v.dtype, ctx.device, BufferKind.INPUT)
               for v in operands]
-    sub = Lower(ctx.device, ctx.prefix, [], ctx.counter)
+    sub = Lower(ctx.device, ctx.prefix, [], ctx.counter, layout=ctx.layout, channels_last=ctx.channels_last)
     parent: GraphLowering = call.args["lowering"]
     return GraphLowering(sub, parent.source).run(subgraph["graph"], inputs)
 

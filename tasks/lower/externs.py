@@ -11,9 +11,10 @@ from typing import Any
 
 from tasks.ir.dtypes import DType
 from tasks.ir.expr import Op, binary, cast, const, where
-from tasks.ir.nodes import ExternOp, is_dense
+from tasks.ir.nodes import ExternOp, channels_last_strides, is_dense
 from tasks.lower.consumers import only_externs_read
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
+from tasks.lower.layout import takes_channels_last
 from tasks.lower.registry import lower_fallback, register
 from tasks.lower.values import TensorValue
 from tasks.lower.views import permute, reshape
@@ -67,7 +68,12 @@ def _convolution(ctx: Lower, call: Call) -> TensorValue:
     params = {k: list(v) if isinstance(v, list | tuple) else v for k, v in params.items()}
     inputs: list[TensorValue | None] = [call.tensor("input"), call.tensor("weight"),
                                         bias if isinstance(bias, TensorValue) else None]
-    return ctx.extern(ExternOp.CONVOLUTION, inputs, params, call)
+    meta, transposed = call.meta, bool(params["transposed"])
+    if not takes_channels_last(ctx.layout, meta.dtype, len(meta.shape), transposed):
+        return ctx.extern(ExternOp.CONVOLUTION, inputs, params, call)
+    out = ctx.extern(ExternOp.CONVOLUTION, inputs, params, call, channels_last_strides(meta.shape))
+    ctx.channels_last.add(out.buffer.name)
+    return out
 
 
 @register("aten.scaled_dot_product_attention.default")
@@ -80,7 +86,7 @@ def _sdpa(ctx: Lower, call: Call) -> TensorValue:
         raise LoweringError(f"attention over {query.ndim}-d tensors: torch's attention kernels take "
                             "[B, H, L, E]", "reshape the query, key and value to 4 dims before "
                             "scaled_dot_product_attention")
-    if not kernel_takes(ctx.device, query, key, value):
+    if not kernel_takes(query, key, value):
         fallback: TensorValue = lower_fallback(ctx, call)  # torch's own choice: eager's math path
         return fallback
     if isinstance(mask, TensorValue) and mask.dtype is DType.BOOL:
@@ -110,8 +116,8 @@ def _sdpa(ctx: Lower, call: Call) -> TensorValue:
 # a transposed value as if it were not (a wrong result, no error). kiln calls the kernel only
 # where every one of its needs holds, and otherwise calls scaled_dot_product_attention itself,
 # which chooses as eager does.
-def kernel_takes(device: str, query: TensorValue, key: TensorValue, value: TensorValue) -> bool:
-    """Whether torch's attention kernel on `device` takes these tensors as they are (the last
+def kernel_takes(query: TensorValue, key: TensorValue, value: TensorValue) -> bool:
+    """Whether torch's attention kernels (both targets') take these tensors as they are (the last
     dim's stride aside: _unit_last_stride sees to it)."""
     lead = query.shape[:-2]
     if key.shape[:-2] != lead or value.shape[:-2] != lead:
@@ -120,11 +126,10 @@ def kernel_takes(device: str, query: TensorValue, key: TensorValue, value: Tenso
         return False  # let torch say what is wrong, as eager does
     if 0 in query.shape or 0 in key.shape or 0 in value.shape:
         return False
-    if device == "cpu":
-        return value.shape[-1] == query.shape[-1]  # the flash kernel's one head size
-    # the memory-efficient kernel: head sizes in whole 16-byte vectors
+    # the CPU's flash kernel: one head size; the GPU's memory-efficient one: head sizes in whole
+    # 16-byte vectors (the program, traced on the CPU, is lowered alike for both targets)
     per_vector = 16 // query.dtype.itemsize
-    return query.shape[-1] % per_vector == 0 and value.shape[-1] % per_vector == 0
+    return value.shape[-1] == query.shape[-1] and query.shape[-1] % per_vector == 0
 
 
 def _unit_last_stride(ctx: Lower, x: TensorValue, origin: str) -> TensorValue:

@@ -20,6 +20,7 @@ from tasks.lower import serialized as ser
 from tasks.lower.consumers import consumers_of
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
 from tasks.lower.control import unsupported_higher_order
+from tasks.lower.layout import relaid_weights
 from tasks.lower.registry import LOWERINGS, TOKEN, lower_fallback
 from tasks.lower.values import TensorValue
 
@@ -255,11 +256,12 @@ def target_name(target: Any) -> str:
     return getattr(target, "__name__", str(target))
 
 
-def lower_program(program: Json, source_map: Mapping[str, str]) -> Graph:
-    """program: trace's program.json, parsed."""
+def lower_program(program: Json, source_map: Mapping[str, str], layout: str = "traced") -> Graph:
+    """program: trace's program.json, parsed; layout: the config's lower.layout on the cuda target."""
     module = program["graph_module"]
     graph, signature = module["graph"], module["signature"]
-    inputs = [_placeholder(spec, graph["tensor_values"]) for spec in signature["input_specs"]]
+    inputs = relaid_weights(graph, [_placeholder(spec, graph["tensor_values"])
+                                    for spec in signature["input_specs"]], layout)
     device = next((b.device for b in inputs if b is not None), "cpu")
 
     def source(node: str) -> str:
@@ -267,7 +269,7 @@ def lower_program(program: Json, source_map: Mapping[str, str]) -> Graph:
         return f"\n  at {line}" if line else ""
 
     writes = _write_targets(signature["output_specs"], [b for b in inputs if b is not None])
-    return GraphLowering(Lower(device), source).run(graph, inputs, writes)
+    return GraphLowering(Lower(device, layout=layout), source).run(graph, inputs, writes)
 
 
 def _write_targets(specs: list[Json], inputs: list[Buffer]) -> list[str | None]:

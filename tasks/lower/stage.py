@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.hashing import canonical_json
+from contract.config import LAYOUT_DEFAULT
 from contract.errors import KilnError
 from contract.job import StageJob
 from tasks.ir import serialize
@@ -35,7 +36,7 @@ def run(job: StageJob) -> Mapping[str, Any]:
     program = json.loads(program_path.read_text())
     try:
         check_targets(program, source_map)
-        graph = lower_program(program, source_map)
+        graph = lower_program(program, source_map, layout_of(job))
     except LoweringError as err:
         raise KilnError(f"model {job.model!r}: {err}", err.hint) from None
     out = job.out_dir
@@ -43,6 +44,11 @@ def run(job: StageJob) -> Mapping[str, Any]:
     (out / IR_TEXT).write_text(graph_text(graph))
     (out / SIGNATURE).write_bytes(canonical_json(signature(program)))
     return summary(graph)
+
+
+def layout_of(job: StageJob) -> str:
+    """The config's lower.layout on the cuda target; on the cpu target, the traced layouts."""
+    return str(job.config.get("lower.layout") or LAYOUT_DEFAULT) if job.target == "cuda" else "traced"
 
 
 def signature(program: Any) -> dict[str, Any]:

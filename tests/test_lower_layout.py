@@ -1,0 +1,81 @@
+"""Channels-last on the cuda target (tasks/lower/layout.py), checked on the CPU: the graph lowered
+with lower.layout = "auto", run by the IR's interpreter and by the schedule, against eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tasks.ir.nodes import BufferKind, Extern, ExternOp, Pointwise, Reduction, channels_last_strides
+from tests.schedule_harness import compile_fn
+
+
+class Block(nn.Module):
+    """A resnet's stem and basic block, with a head: convolutions without bias into batch norm
+    and ReLU, a max pool, a residual add, a mean over the plane and a linear layer; and a
+    transposed convolution and a 1-d one, which stay as traced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(6)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.conv1 = nn.Conv2d(6, 6, 3, padding=1, bias=False)
+        self.norm1 = nn.BatchNorm2d(6)
+        self.conv2 = nn.Conv2d(6, 6, 3, padding=1)
+        self.up = nn.ConvTranspose2d(6, 4, 2, stride=2)
+        self.line = nn.Conv1d(4, 4, 3)
+        self.head = nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.pool(torch.relu(self.norm(self.stem(x))))
+        z = torch.relu(self.conv2(torch.relu(self.norm1(self.conv1(y)))) + y)
+        up = self.up(z)
+        return self.head(z.mean((2, 3))), up, self.line(up.flatten(2)[:, :, :9]), z
+
+
+def _block() -> nn.Module:
+    torch.manual_seed(0)
+    model = Block().eval()
+    with torch.no_grad():
+        for norm in (model.norm, model.norm1):
+            norm.running_mean.uniform_(-0.5, 0.5)  # type: ignore[union-attr]
+            norm.running_var.uniform_(0.5, 1.5)  # type: ignore[union-attr]
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_conv_block_laid_out_channels_last_matches_eager(dtype: torch.dtype) -> None:
+    model = _block().to(dtype)
+    x = torch.randn(2, 3, 16, 16, dtype=dtype)
+    compiled = compile_fn(model, x, rtol=2e-2, atol=2e-2, layout="auto")
+    graph = compiled.graph
+    weights = {b.weight: b for b in graph.inputs if b.kind is BufferKind.WEIGHT}
+    for name in ("stem.weight", "conv1.weight", "conv2.weight"):
+        assert weights[name].stride == channels_last_strides(weights[name].shape), name
+    assert weights["up.weight"].stride == (16, 4, 2, 1)  # a transposed convolution's: as traced
+    convs = [n for n in graph.nodes if isinstance(n, Extern) and n.op is ExternOp.CONVOLUTION]
+    laid = [n.out.stride == channels_last_strides(n.out.shape) for n in convs if len(n.out.shape) == 4]
+    assert laid == [True, True, True, False]  # stem, conv1, conv2; not the transposed one
+    # the batch norms and ReLUs, the pool and the residual add write [N, H, W, C] buffers
+    shapes = [n.outs[0].shape[1:] for n in graph.nodes if isinstance(n, Pointwise | Reduction)]
+    assert shapes.count((16, 16, 6)) >= 1
+    assert shapes.count((8, 8, 6)) >= 3
+    assert (6, 16, 16) not in shapes
+    assert shapes.count((6, 8, 8)) == 1
+    assert graph.outputs[-1] == graph.nodes[-1].outs[0].name
+
+
+def test_the_traced_layout_and_the_cpu_target_keep_row_major() -> None:
+    model = _block().to(torch.float16)
+    graph = compile_fn(model, torch.randn(2, 3, 16, 16, dtype=torch.float16), rtol=2e-2, atol=2e-2).graph
+    assert all(b.stride == torch.empty(b.shape).stride() for b in graph.inputs)
+    assert not any(isinstance(n, Extern) and n.out.stride != torch.empty(n.out.shape).stride()
+                   for n in graph.nodes)
+
+
+def test_float32_convolutions_stay_as_traced() -> None:
+    graph = compile_fn(_block(), torch.randn(2, 3, 16, 16), layout="auto").graph
+    assert all(b.stride == torch.empty(b.shape).stride() for b in graph.inputs)
+

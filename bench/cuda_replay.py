@@ -1,5 +1,6 @@
 """CUDA graph replay, measured (not a timed test; needs a GPU):
-`python3 bench/cuda_replay.py [MODEL ...] [--runs N] [--dtype D] [--matmul M,...] [--no-torch]`.
+`python3 bench/cuda_replay.py [MODEL ...] [--runs N] [--dtype D] [--matmul M,...] [--layout L,...]
+[--no-torch]`.
 
 For each model (default: mlp bert gpt2 resnet18), compiled once for cuda (a cache of the run's
 own), in one process: the latency of kiln's model.so with direct launches (graphs=False) and
@@ -9,6 +10,9 @@ kernels and calls into torch (the default), and of torch.compile in mode
 weights) and inputs. Each latency is the median of --runs calls, each timed with CUDA events
 from an idle GPU, so the host's launch time shows; the error is the largest abs difference
 from eager. Prints a table and what kiln's replay did (CompiledModel.replay).
+
+--layout names the builds' lower.layout the same way (`--layout auto,traced`: channels-last
+conv nets against the traced layouts).
 
 --matmul names the builds' tuning.matmul (auto, template, library; the first is the build the
 other engines use): with `--matmul library,auto`, each model is also replayed as the build with
@@ -68,8 +72,20 @@ def in_dtype(config: Any, dtype: str) -> Any:
     return replace(config, fields={**config.fields, "model.dtype": dtype, "inputs": inputs})
 
 
+Variant = tuple[str, dict[str, str]]  # a build's label ("matmul=auto") and its config fields
+
+
+def variants(matmul: tuple[str, ...], layout: tuple[str, ...]) -> list[Variant]:
+    """The first of each list together (the build every engine uses), then each other mode of
+    one field with the first of the other."""
+    first = {"tuning.matmul": matmul[0], "lower.layout": layout[0]}
+    return [("", first),
+            *((f"matmul={m}", {**first, "tuning.matmul": m}) for m in matmul[1:]),
+            *((f"layout={v}", {**first, "lower.layout": v}) for v in layout[1:])]
+
+
 def bench_model(name: str, root: Path, runs: int, with_torch: bool, dtype: str,
-                matmul: tuple[str, ...] = ("library",)) -> dict[str, Any]:
+                builds: list[Variant]) -> dict[str, Any]:
     import torch
 
     from kiln import compile_config, load_config
@@ -79,19 +95,21 @@ def bench_model(name: str, root: Path, runs: int, with_torch: bool, dtype: str,
     row: dict[str, Any] = {"model": name, "dtype": dtype}
     config = in_dtype(load_config(name), dtype)
     outs = {}
-    for mode in matmul:
-        outs[mode] = root / f"{name}-{mode}"
-        build = compile_config(replace(config, fields={**config.fields, "tuning.matmul": mode}),
-                               target="cuda", out=outs[mode], cache_dir=root / "cache")
-        row[f"pairs ({mode})"] = [f"{r['kernel']} {r['variant']} {r['gain'] or 0:.2f}x"
-                                  for r in build.report["kernels"] if r["kernel"].startswith("mm_")]
-    out = outs[matmul[0]]
+    for label, fields in builds:
+        outs[label] = root / f"{name}-{label or 'first'}"
+        build = compile_config(replace(config, fields={**config.fields, **fields}),
+                               target="cuda", out=outs[label], cache_dir=root / "cache")
+        rows = build.report["kernels"]
+        row[f"pairs ({label or 'first'})"] = [f"{r['kernel']} {r['variant']} {r['gain'] or 0:.2f}x"
+                                              for r in rows if r["kernel"].startswith("mm_")]
+        row[f"kernels ({label or 'first'})"] = len(rows)
+    out = outs[""]
     model = eager_model(config, out).cuda()
     inputs = tuple(v.cuda() for v in random_inputs(config, 1))
     engines: dict[str, Callable[..., Any]] = {
         "kiln direct": load(out, graphs=False), "kiln replay kernels": _kernels_only(out),
         "kiln replay": load(out, graphs=True)}
-    engines |= {f"kiln replay ({mode})": load(outs[mode], graphs=True) for mode in matmul[1:]}
+    engines |= {f"kiln replay ({label})": load(outs[label], graphs=True) for label, _ in builds[1:]}
     if with_torch:
         engines["torch.compile"] = torch.compile(model)
         engines["torch.compile:reduce-overhead"] = torch.compile(model, mode="reduce-overhead")
@@ -126,16 +144,21 @@ def main(argv: list[str]) -> int:
                    help="the models' and their float inputs' dtype (default float16, as issue 23 measures)")
     p.add_argument("--matmul", default="library", help="comma-separated tuning.matmul modes, a build each "
                    "(auto, template, library; default library): the first is the kiln build of every engine")
+    p.add_argument("--layout", default="auto", help="comma-separated lower.layout modes, a build each "
+                   "(auto, traced; default auto), as --matmul")
     p.add_argument("--no-torch", action="store_true", help="kiln only (no torch.compile)")
     args = p.parse_args(argv)
-    modes = tuple(args.matmul.split(","))
+    modes, layouts = tuple(args.matmul.split(",")), tuple(args.layout.split(","))
     if not set(modes) <= {"auto", "template", "library"}:
         p.error(f"--matmul takes auto, template and library, got {args.matmul!r}")
+    if not set(layouts) <= {"auto", "traced"}:
+        p.error(f"--layout takes auto and traced, got {args.layout!r}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             try:
-                rows.append(bench_model(name, Path(tmp), args.runs, not args.no_torch, args.dtype, modes))
+                rows.append(bench_model(name, Path(tmp), args.runs, not args.no_torch, args.dtype,
+                                         variants(modes, layouts)))
             except Exception as err:  # one model's failure is a row, not the end of the run
                 rows.append({"model": name, "error": f"{type(err).__name__}: {str(err)[:300]}"})
             print(rows[-1], flush=True)

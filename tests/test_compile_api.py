@@ -239,3 +239,41 @@ def test_a_channels_last_model_with_permuted_weights_runs_as_eager(cache_dir: Pa
     compiled = _compiled(module, (x,), cache_dir, tmp_path / "b")
     for fresh in (x, torch.randn(2, 3, 10, 10)):
         torch.testing.assert_close(compiled(fresh), module(fresh), rtol=1e-5, atol=1e-5)
+
+
+def test_an_expanded_example_input_takes_any_input_of_its_shape(cache_dir: Path, tmp_path: Path) -> None:
+    # Note: before, the input kept the example's stride 0: a caller's full tensor was folded onto one row
+    weight = torch.randn(5, 3)
+    module = MatmulBy(weight)
+    compiled = _compiled(module, (torch.randn(4, 1).expand(4, 5),), cache_dir, tmp_path / "b")
+    for x in (torch.randn(4, 5), torch.randn(4, 1).expand(4, 5), torch.randn(5, 4).t()):
+        torch.testing.assert_close(compiled(x), module(x))
+
+
+class MatmulBy(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
+class DefaultsAndLoops(torch.nn.Module):
+    """A schema's ScalarType default (triu_indices' dtype=long, which the schema gives as 4), and a
+    while_loop whose functions read a tensor they close over."""
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from torch._higher_order_ops import while_loop
+
+        upper, lower = torch.triu_indices(5, 5, 1), torch.tril_indices(5, 5)
+        looped = while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y + m), (i, x[0]))[1]
+        return x[upper[0], upper[1]], x[lower[0], lower[1]], looped
+
+
+def test_schema_defaults_and_a_loop_over_a_closed_over_tensor_run_as_eager(cache_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    inputs = (torch.randn(5, 5), torch.randn(5), torch.tensor(0))
+    compiled = _compiled(DefaultsAndLoops(), inputs, cache_dir, tmp_path / "b")
+    for got, want in zip(compiled(*inputs), DefaultsAndLoops()(*inputs), strict=True):
+        torch.testing.assert_close(got, want)

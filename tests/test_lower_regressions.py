@@ -276,3 +276,19 @@ def test_as_strided_over_attentions_result_addresses_eagers_layout() -> None:
     heads = torch.randn(1, 8, 2, 4).transpose(1, 2)  # a transformer's query: the heads inside the tokens
     compile_fn(lambda a: torch.as_strided(F.scaled_dot_product_attention(a, a, a), (3, 4), (4, 1), 8) * 2,
                heads)
+
+
+def test_alpha_zero_ignores_the_product_as_blas_does() -> None:
+    """addmv and addbmm with alpha=0 (and beta=0) leave out the product, its infs and NaNs too,
+    as torch's BLAS calls do; kiln's product times 0 was NaN there."""
+    inf, nan = float("inf"), float("nan")
+
+    def fn(b: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c: torch.Tensor,
+           x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.addmv(b, m, v, alpha=0.0), torch.addmv(b, m, v, alpha=0.0, beta=0.0),
+                torch.addbmm(c, x, y, alpha=0.0), torch.addmv(b, m, v, alpha=2.0, beta=0.5))
+
+    x = torch.randn(1, 3, 2)
+    x[0, 0, 0] = inf
+    compile_fn(fn, torch.randn(3), torch.tensor([[1, inf], [2, 3], [0, 1]]), torch.tensor([nan, 1.0]),
+               torch.randn(3, 2), x, torch.randn(1, 2, 2))

@@ -254,7 +254,7 @@ class WrapperWriter:
         extra = [names.at(v) for v in step.extra]
         loop: list[str] = []
         cond_args = [self.adapt(f"cur[{i}]", lay, Layout.of(b), loop)
-                     for i, (lay, b) in enumerate(zip(carried, cond.inputs, strict=True))]
+                     for i, (lay, b) in enumerate(zip(carried, cond.inputs[:n], strict=True))]
         cond_extra = [self.adapt(e, Layout.of(v), Layout.of(b), inner)
                       for e, v, b in zip(extra, step.extra, cond.inputs[n:], strict=True)]
         body_extra = [self.adapt(e, Layout.of(v), Layout.of(b), inner)

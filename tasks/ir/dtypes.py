@@ -56,3 +56,7 @@ TORCH_NAMES = {
     DType.F32: "float32", DType.F64: "float64", DType.C64: "complex64", DType.C128: "complex128",
 }
 BY_TORCH_NAME = {v: k for k, v in TORCH_NAMES.items()}
+# c10::ScalarType's numbering, which a schema's ScalarType default is written in (torch's schema
+# types say only "int"): triu_indices' dtype=long is 4.
+SCALAR_TYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "complex32",
+                "complex64", "complex128", "bool", "qint8", "quint8", "qint32", "bfloat16")

@@ -179,7 +179,7 @@ def additive_mask(ctx: Lower, mask: TensorValue, dtype: DType, origin: str) -> T
 
 def _scaled_sum(ctx: Lower, call: Call, product: TensorValue) -> TensorValue:
     """beta * self + alpha * product, in self's broadcast to the output; beta == 0 ignores self
-    (NaNs in it included), as torch does."""
+    and alpha == 0 the product (NaNs and infs in them included), as torch's BLAS calls do."""
     beta, alpha, dtype = call["beta"], call["alpha"], call.meta.dtype
     shape = call.meta.shape
     base = reshape(product, shape)
@@ -189,9 +189,9 @@ def _scaled_sum(ctx: Lower, call: Call, product: TensorValue) -> TensorValue:
     def body(loop: Any) -> Any:
         scaled = binary(Op.MUL, cast(loop.load(base, loop.idx), compute), const(alpha, compute))
         if beta == 0:
-            return scaled
-        bias = cast(loop.broadcast_load(call.tensor("self")), compute)
-        return binary(Op.ADD, binary(Op.MUL, bias, const(beta, compute)), scaled)
+            return scaled if alpha != 0 else const(0, compute)
+        bias = binary(Op.MUL, cast(loop.broadcast_load(call.tensor("self")), compute), const(beta, compute))
+        return bias if alpha == 0 else binary(Op.ADD, bias, scaled)
 
     return ctx.pointwise(shape, dtype, call.origin, body)
 

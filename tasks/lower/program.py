@@ -8,14 +8,15 @@ through the aten fallback when the table has none; outputs are made real buffers
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from cache.hashing import canonical_json
-from tasks.ir.dtypes import BY_TORCH_NAME, DType
+from tasks.ir.dtypes import BY_TORCH_NAME, SCALAR_TYPES, DType
 from tasks.ir.expr import const
-from tasks.ir.nodes import Buffer, BufferKind, Fallback, Graph
+from tasks.ir.nodes import Buffer, BufferKind, Fallback, Graph, contiguous_strides, is_dense
 from tasks.lower import serialized as ser
 from tasks.lower.consumers import consumers_of
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
@@ -65,10 +66,20 @@ def bind(target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[
         elif arg.name in kwargs:
             bound[arg.name] = kwargs[arg.name]
         elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
+            bound[arg.name] = _default(arg)
         else:
             bound[arg.name] = None
     return bound
+
+
+def _default(arg: Any) -> Any:
+    """A schema argument's default, a dtype as a torch.dtype (the schema gives its ScalarType
+    number: triu_indices' dtype=long is 4)."""
+    value = arg.default_value
+    numbered = isinstance(value, int) and not isinstance(value, bool)
+    if arg.name == "dtype" and numbered and value < len(SCALAR_TYPES):
+        return getattr(torch, SCALAR_TYPES[value])
+    return value
 
 
 def _empty_result(ctx: Lower, meta: Any, origin: str) -> TensorValue | tuple[TensorValue, ...] | None:
@@ -308,7 +319,15 @@ def _placeholder(spec: Json, values: Json) -> Buffer | None:
     if kind == "user_input":
         if "as_tensor" not in body["arg"]:
             raise LoweringError(f"input {body['arg']} is not a tensor; kiln compiles tensor inputs only")
-        return ser.input_buffer(values, body["arg"]["as_tensor"]["name"], BufferKind.INPUT)
+        return _dense(ser.input_buffer(values, body["arg"]["as_tensor"]["name"], BufferKind.INPUT))
     if kind in _WEIGHT_NAMES:
         return ser.input_buffer(values, body["arg"]["name"], BufferKind.WEIGHT, body[_WEIGHT_NAMES[kind]])
     raise LoweringError(f"a {kind} input is not supported")
+
+
+# Note: an input's layout is where the runtime stages a caller's tensor of another layout. The
+# example input's layout serves where it is dense (a transposed input, say); an expanded one
+# (stride 0) would fold every caller's tensor onto its first row, and one with gaps wastes
+# memory, so those take row-major.
+def _dense(b: Buffer) -> Buffer:
+    return b if is_dense(b.shape, b.stride) else replace(b, stride=contiguous_strides(b.shape))

@@ -267,7 +267,7 @@ class DefaultsAndLoops(torch.nn.Module):
         from torch._higher_order_ops import while_loop
 
         upper, lower = torch.triu_indices(5, 5, 1), torch.tril_indices(5, 5)
-        looped = while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y + m), (i, x[0]))[1]
+        looped = while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y + m), (i, x[0]))[1]  # type: ignore[no-untyped-call]
         return x[upper[0], upper[1]], x[lower[0], lower[1]], looped
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tasks.ir.nodes import BufferKind, Extern, ExternOp, Pointwise, Reduction, channels_last_strides
+from tasks.lower.context import LoweringError
 from tests.schedule_harness import compile_fn
 
 
@@ -79,3 +80,54 @@ def test_float32_convolutions_stay_as_traced() -> None:
     graph = compile_fn(_block(), torch.randn(2, 3, 16, 16), layout="auto").graph
     assert all(b.stride == torch.empty(b.shape).stride() for b in graph.inputs)
 
+
+
+class LoopOfConvolutions(nn.Module):
+    """A while_loop whose body returns a convolution's channels-last output as the next carried
+    value (the body's inputs are row-major)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch._higher_order_ops.while_loop import while_loop
+
+        start = (torch.zeros((), dtype=torch.int64), x.clone())
+        result: torch.Tensor = while_loop(  # type: ignore[no-untyped-call]
+            lambda i, t: i < 2, lambda i, t: (i + 1, self.conv(t)), start)[1]
+        return result
+
+
+class ConvOutputs(nn.Module):
+    """A convolution's output returned as it is, twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv(x)
+        return y, y
+
+
+def test_outputs_and_loop_results_keep_eagers_layout() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 8, 8, dtype=torch.float16)
+    compile_fn(LoopOfConvolutions().to(torch.float16), x, rtol=2e-2, atol=2e-2, layout="auto")
+    graph = compile_fn(ConvOutputs().to(torch.float16), x, rtol=2e-2, atol=2e-2, layout="auto").graph
+    outs = {b.name: b for n in graph.nodes for b in n.outs}
+    assert [outs[name].stride for name in graph.outputs] == [(384, 64, 8, 1)] * 2
+
+
+def test_as_strided_over_a_relaid_weight_is_refused() -> None:
+    class Strided(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(4, 6, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.conv(x), torch.as_strided(self.conv.weight, (6, 36), (36, 1)) * 2
+
+    with pytest.raises(LoweringError, match="as_strided over p_conv_weight, which eager lays out"):
+        compile_fn(Strided().to(torch.float16), torch.randn(2, 4, 8, 8, dtype=torch.float16), layout="auto")

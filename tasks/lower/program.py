@@ -212,7 +212,10 @@ class GraphLowering:
         for value in values:
             if not isinstance(value, TensorValue):
                 raise LoweringError(f"the graph returns {value!r}; kiln compiles tensor outputs only")
-            if not value.is_identity() or value.buffer.name not in produced or value.buffer.name in names:
+            # Note: a channels-last buffer (tasks/lower/layout.py) is copied out too: a model's
+            # outputs, and a loop body's results (its inputs are row-major), keep eager's layout.
+            if not value.is_identity() or value.buffer.name not in produced or value.buffer.name in names \
+                    or value.buffer.name in self.ctx.channels_last:
                 value = self.ctx.copy(value, "output")
             names.append(value.buffer.name)
         return tuple(names)
@@ -271,16 +274,20 @@ def lower_program(program: Json, source_map: Mapping[str, str], layout: str = "t
     """program: trace's program.json, parsed; layout: the config's lower.layout on the cuda target."""
     module = program["graph_module"]
     graph, signature = module["graph"], module["signature"]
-    inputs = relaid_weights(graph, [_placeholder(spec, graph["tensor_values"])
-                                    for spec in signature["input_specs"]], layout)
+    traced = [_placeholder(spec, graph["tensor_values"]) for spec in signature["input_specs"]]
+    inputs = relaid_weights(graph, traced, layout)
     device = next((b.device for b in inputs if b is not None), "cpu")
+    ctx = Lower(device, layout=layout)
+    for was, now in zip(traced, inputs, strict=True):
+        if was is not None and now is not None and was.stride != now.stride:
+            ctx.eager_strides[now.name] = was.stride  # what as_strided must not assume away
 
     def source(node: str) -> str:
         line = source_map.get(node)
         return f"\n  at {line}" if line else ""
 
     writes = _write_targets(signature["output_specs"], [b for b in inputs if b is not None])
-    return GraphLowering(Lower(device, layout=layout), source).run(graph, inputs, writes)
+    return GraphLowering(ctx, source).run(graph, inputs, writes)
 
 
 def _write_targets(specs: list[Json], inputs: list[Buffer]) -> list[str | None]:

@@ -39,9 +39,9 @@ def test_defaults(tmp_path: Path) -> None:
     assert config.fields["model.dtype"] == "float32"  # type: ignore[attr-defined]
     assert config.fields["weights.seed"] == 0  # type: ignore[attr-defined]
     assert config.fields["tuning.matmul"] == "library"  # type: ignore[attr-defined]
-    assert config.fields["lower.layout"] == "auto"  # type: ignore[attr-defined]
-    traced = _load(tmp_path, GOOD.replace("[model]", "[lower]\nlayout = \"traced\"\n[model]"))
-    assert traced.fields["lower.layout"] == "traced"  # type: ignore[attr-defined]
+    assert config.fields["lower.layout"] == "traced"  # type: ignore[attr-defined]
+    laid = _load(tmp_path, GOOD.replace("[model]", "[lower]\nlayout = \"auto\"\n[model]"))
+    assert laid.fields["lower.layout"] == "auto"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

@@ -65,6 +65,41 @@ def test_model_on_the_gpu_matches_eager(name: str, tmp_path: Path, gpu_cache: Ca
         _assert_matches(compiled(*inputs), model(*inputs))
 
 
+@pytest.mark.parametrize("layout", ["auto", "traced"])
+def test_resnet18_in_half_precision_in_each_layout_matches_eager(layout: str, tmp_path: Path,
+                                                                 gpu_cache: Cache) -> None:
+    """lower.layout = "auto" lays resnet18's convolutions out channels-last (tasks/lower/layout.py):
+    its weights relaid at create, cuDNN's calls on channels-last views, the kernels between them
+    walking [N, H, W, C] buffers; within fp16's tolerance of eager's NCHW calls, as "traced" is."""
+    import dataclasses
+
+    import torch
+
+    from kiln.loader import load
+    from kiln.run_model import eager_model, random_inputs
+
+    pytest.importorskip("torchvision")
+    config = load_config("resnet18")
+    inputs = [{**spec, "dtype": "float16"} for spec in config.fields["inputs"]]
+    config = dataclasses.replace(config, fields={**config.fields, "model.dtype": "float16", "inputs": inputs,
+                                                 "lower.layout": layout})
+    result = compile_model(config, BuildOptions("cuda", tmp_path / "b"), gpu_cache)
+    wrapper = result.entries["gen-cpp"].file("wrapper.cpp").read_text()
+    assert wrapper.count("kiln::cudnn_convolution(") == 20  # every convolution: none has a bias
+    assert ("{576, 1, 192, 64}" in wrapper) is (layout == "auto")  # layer1's 3x3 weights, channels-last
+    compiled, model = load(tmp_path / "b"), eager_model(config, tmp_path / "b").cuda()
+    with torch.no_grad():
+        for seed in (1, 2):
+            fresh = _on_gpu(random_inputs(config, seed))
+            want = model(*fresh).float()
+            for _ in range(2):  # the second run replays
+                got = compiled(*fresh)
+                assert got.dtype == torch.float16
+                assert got.stride() == want.stride()
+                # other cuDNN algorithms round otherwise: the zoo's bound (scripts/zoo.py TOLERANCE)
+                assert (got.float() - want).abs().max() <= 2e-2 * want.abs().max()
+
+
 def test_cond_on_the_gpu_takes_both_branches(tmp_path: Path, gpu_cache: Cache) -> None:
     from kiln.loader import load
     from kiln.run_model import eager_model, random_inputs

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
 
 namespace kiln {
 
@@ -39,10 +40,14 @@ inline uint16_t float_to_half(float f) {
 }
 
 // Floor division and modulo as Python and torch define them; 0 for a zero divisor, so a lane
-// that a mask discards can never trap.
+// that a mask discards can never trap. The lowest integer over -1 is the one quotient that
+// overflows (x86 traps on it: SIGFPE): it wraps, as torch's does, and its remainder is 0.
 template <typename T>
 inline T floordiv(T a, T b) {
   if (b == 0) return 0;
+  if constexpr (std::is_signed_v<T>) {
+    if (b == -1) return static_cast<T>(static_cast<std::make_unsigned_t<T>>(0) - static_cast<std::make_unsigned_t<T>>(a));
+  }
   T q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
@@ -50,8 +55,70 @@ inline T floordiv(T a, T b) {
 template <typename T>
 inline T mod(T a, T b) {
   if (b == 0) return 0;
+  if constexpr (std::is_signed_v<T>) {
+    if (b == -1) return 0;
+  }
   T r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+
+// fmod on integers: C's truncated remainder (the dividend's sign), guarded as mod is.
+template <typename T>
+inline T fmod_int(T a, T b) {
+  if (b == 0) return 0;
+  if constexpr (std::is_signed_v<T>) {
+    if (b == -1) return 0;
+  }
+  return static_cast<T>(a % b);
+}
+
+// Integer powers as torch computes them (ATen's powi): square and multiply in the integer type,
+// wrapping on overflow (here in unsigned arithmetic, where wrapping is defined); a negative
+// exponent gives 1 for a base of 1, +-1 for -1, and 0 for every other base. std::pow would go
+// through double: inexact above 2**53, and undefined where the result leaves the type.
+template <typename T>
+inline T ipow(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  if constexpr (std::is_signed_v<T>) {
+    if (b < 0) {
+      if (a == 1) return 1;
+      if (a == -1) return (b & 1) ? -1 : 1;
+      return 0;
+    }
+  }
+  U result = 1, base = static_cast<U>(a);
+  for (U e = static_cast<U>(b); e != 0; e >>= 1) {
+    if (e & 1) result = static_cast<U>(result * base);
+    base = static_cast<U>(base * base);
+  }
+  return static_cast<T>(result);
+}
+
+// Shifts as torch defines them (ATen's BinaryOpsKernel): a shift by a negative amount or by the
+// type's width or more gives 0 to the left, and the sign's fill to the right; C++ leaves those
+// undefined (and vector lanes and a scalar tail disagree).
+template <typename T>
+inline bool shift_out_of_range(T b) {
+  constexpr T width = static_cast<T>(sizeof(T) * 8);
+  if constexpr (std::is_signed_v<T>) {
+    if (b < 0) return true;
+  }
+  return b >= width;
+}
+
+template <typename T>
+inline T shl(T a, T b) {
+  if (shift_out_of_range(b)) return 0;
+  return static_cast<T>(static_cast<std::make_unsigned_t<T>>(a) << b);
+}
+
+template <typename T>
+inline T shr(T a, T b) {
+  if (shift_out_of_range(b)) {
+    if constexpr (std::is_signed_v<T>) return static_cast<T>(a < 0 ? -1 : 0);
+    return 0;
+  }
+  return static_cast<T>(a >> b);
 }
 
 template <typename T>

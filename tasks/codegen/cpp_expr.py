@@ -45,6 +45,10 @@ _INFIX = {
 }
 _INDEX_OPS = (Op.VAR, Op.ADD, Op.SUB, Op.MUL, Op.FLOORDIV, Op.MOD)
 _LIBM_BINARY = (Op.ATAN2, Op.POW, Op.FMOD, Op.COPYSIGN)  # overloaded, not kiln's templates
+# Integer ops whose C++ operator (or libm call) is undefined or inexact where torch's is not: a
+# shift past the width, an integer power through double, fmod through double (kiln_cpu.h).
+_INTEGER_FN = {Op.POW: "kiln::ipow", Op.FMOD: "kiln::fmod_int", Op.LSHIFT: "kiln::shl",
+               Op.RSHIFT: "kiln::shr"}
 _BINARY_FN = {
     Op.FLOORDIV: "kiln::floordiv", Op.MOD: "kiln::mod", Op.MAXIMUM: "kiln::maximum",
     Op.MINIMUM: "kiln::minimum", Op.ATAN2: "std::atan2", Op.POW: "std::pow", Op.FMOD: "std::fmod",
@@ -142,6 +146,8 @@ def _math(op: Op, a: list[str], operand: DType) -> str:
         return f"{_UNARY_FN[op]}({a[0]})"
     if op in (Op.LOGICAL_AND, Op.LOGICAL_OR, Op.LOGICAL_XOR):
         return f"(static_cast<bool>({a[0]}) {_INFIX[op]} static_cast<bool>({a[1]}))"
+    if op in _INTEGER_FN and not operand.is_float and operand is not DType.BOOL:
+        return f"{_INTEGER_FN[op]}<{CTYPES[operand]}>({a[0]}, {a[1]})"
     if op in _INFIX:
         return f"({a[0]} {_INFIX[op]} {a[1]})"
     if op in (Op.FLOORDIV, Op.MOD) and operand.is_float:

@@ -60,6 +60,9 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     "fp16_math": (lambda x: (x.half() * 3).sigmoid() + x.half(), (X,)),
     "bf16_norm": (lambda x: F.layer_norm(x.bfloat16(), (33,)), (X,)),
     "int_ops": (lambda a: (a // 3, a % 3, a * a - 7, a.abs(), (a & 1) == 1), (IDX - 4,)),
+    # integer powers by square and multiply: wrapping past the type, negative exponents (ATen's powi)
+    "int_pow": (lambda a, e: (torch.pow(a, e), torch.pow(a.int(), e.int() + 20), torch.pow(a, 5)),
+                (torch.tensor([3, 7, 0, 2, -1, 1, -3, 5]), torch.tensor([39, 21, -1, -1, -3, -7, 5, 2]))),
     "embedding": (lambda i, w: F.embedding(i, w) * 2, (IDX, X)),
     "gather_where": (lambda x, i: torch.where(x[:5, :3] > 0, x.gather(0, i), 0.5), (X, IDX)),
     "index_put": (lambda x, i: x.index_put((i[:, 0],), torch.ones(5, 33), accumulate=True), (X, IDX)),

@@ -70,6 +70,19 @@ def _kiln_mod(a, b):
     r = a % d
     r = tl.where((r != 0) & ((r < 0) != (d < 0)), r + d, r)
     return tl.where(b == 0, 0, r)''',
+    "_kiln_ipow": '''@triton.jit
+def _kiln_ipow(a, b, BITS: tl.constexpr):
+    # Integer powers as torch computes them (ATen's powi): square and multiply, wrapping on
+    # overflow; a negative exponent gives 1 for a base of 1, +-1 for -1, 0 for any other base.
+    result = a * 0 + 1
+    base = a
+    e = tl.where(b < 0, 0, b)
+    for _ in tl.static_range(BITS):
+        result = tl.where((e & 1) != 0, result * base, result)
+        base = base * base
+        e = e >> 1
+    negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0))
+    return tl.where(b < 0, negative.to(result.dtype), result)''',
     "_kiln_maximum": '''@triton.jit
 def _kiln_maximum(a, b):
     # NaN-propagating, as torch.maximum.
@@ -240,9 +253,9 @@ class ExprWriter(SsaWriter[tuple[str, Shape]]):
             return f"{fn}({a[0]}, {a[1]})"
         if op is Op.FMOD and not operand.is_float:
             return f"({a[0]} % {a[1]})"  # Triton's integer % truncates, as C's
-        if op is Op.POW and not operand.is_float:
-            # As std::pow on integers: computed in double, then converted back.
-            return f"libdevice.pow({a[0]}.to(tl.float64), {a[1]}.to(tl.float64)).to({TL[operand]})"
+        if op is Op.POW and not operand.is_float:  # not through double: inexact above 2**53, saturating
+            self.helpers.add("_kiln_ipow")
+            return f"_kiln_ipow({a[0]}, {a[1]}, {operand.itemsize * 8})"
         if op in _LIBDEVICE_BINARY:
             return f"libdevice.{_LIBDEVICE_BINARY[op]}({a[0]}, {a[1]})"
         if op is Op.TRUEDIV and not operand.is_float:

@@ -187,8 +187,9 @@ def _half_convolutions() -> object:
     return model
 
 
+@pytest.mark.parametrize("layout", ["traced", "auto"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_half_convolutions_through_cudnn_match_eager(dtype: str, tmp_path: Path) -> None:
+def test_half_convolutions_through_cudnn_match_eager(dtype: str, layout: str, tmp_path: Path) -> None:
     import torch
 
     import kiln
@@ -197,23 +198,34 @@ def test_half_convolutions_through_cudnn_match_eager(dtype: str, tmp_path: Path)
     model: torch.nn.Module = _half_convolutions().to("cuda", half)  # type: ignore[attr-defined]
     inputs = (torch.randn(4, 3, 20, 20, device="cuda", dtype=half),
               torch.randn(2, 2, 6, 6, 6, device="cuda", dtype=half))
-    compiled = kiln.compile(model, inputs, target="cuda", out=tmp_path / "b", cache_dir=tmp_path / "c")
+    compiled = kiln.compile(model, inputs, target="cuda", out=tmp_path / "b", cache_dir=tmp_path / "c",
+                            **{"lower.layout": layout})
     (wrapper,) = (tmp_path / "c").rglob("gen-cpp/*/wrapper.cpp")  # the one model's
     assert wrapper.read_text().count("kiln::cudnn_convolution(") == 3  # stem, plain, volume
-    matches_on_fresh_inputs(compiled, model, inputs)
+    # channels-last runs other cuDNN algorithms than eager's NCHW calls: the zoo's fp16 bound
+    matches_on_fresh_inputs(compiled, model, inputs, relative=layout == "auto")
 
 
-def matches_on_fresh_inputs(compiled: Any, model: Any, inputs: tuple[Any, ...]) -> None:
+def matches_on_fresh_inputs(compiled: Any, model: Any, inputs: tuple[Any, ...],
+                            relative: bool = False) -> None:
     """The compiled model against eager on two draws of inputs like `inputs`, each run twice (the
-    second run replays its CUDA graphs)."""
+    second run replays its CUDA graphs); `relative`: within 2e-2 of eager's largest |output|
+    (scripts/zoo.py's fp16 bound) instead of elementwise."""
     import torch
+
+    from kiln.run_model import flat_tensors
 
     with torch.no_grad():
         for seed in (1, 2):
             torch.manual_seed(seed)
             fresh = tuple(torch.randn_like(t) for t in inputs)
             for _ in range(2):
-                _assert_matches(compiled(*fresh), model(*fresh))
+                got, want = compiled(*fresh), model(*fresh)
+                if not relative:
+                    _assert_matches(got, want)
+                    continue
+                for a, b in zip(flat_tensors(got), flat_tensors(want), strict=True):
+                    assert (a.float() - b.float()).abs().max() <= 2e-2 * b.float().abs().max()
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])

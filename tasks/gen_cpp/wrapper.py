@@ -38,6 +38,7 @@ from tasks.ir.nodes import (
     channels_last_strides,
     contiguous_strides,
     is_dense,
+    same_layout,
 )
 from tasks.schedule.epilogues import marked_pairs
 from tasks.schedule.model import (
@@ -435,17 +436,14 @@ def on_cudnn(node: Extern) -> bool:
 def _channels_last(weight: View, x: View) -> bool:
     """A 2-d convolution's weight laid out channels-last (tasks/lower/layout.py), over a dense input:
     cuDNN's call takes both in channels-last, as eager's takes a channels-last model's."""
-    return (len(weight.shape) == 4 and _same_layout(weight, channels_last_strides(weight.shape))
-            and is_dense(x.shape, x.stride))
-
-
-def _same_layout(v: View, stride: tuple[int, ...]) -> bool:
-    return all(size == 1 or s == w for size, s, w in zip(v.shape, v.stride, stride, strict=True))
+    if len(weight.shape) != 4:
+        return False
+    laid = same_layout(weight.shape, weight.stride, channels_last_strides(weight.shape))
+    return laid and is_dense(x.shape, x.stride)
 
 
 def _row_major(v: View) -> bool:
-    want = contiguous_strides(v.shape)
-    return all(size == 1 or stride == w for size, stride, w in zip(v.shape, v.stride, want, strict=True))
+    return same_layout(v.shape, v.stride, contiguous_strides(v.shape))
 
 
 def _cudnn_conv(ins: list[str], p: Mapping[str, Any], what: str, dims: int) -> str:

@@ -73,6 +73,11 @@ class Buffer:
         return span * self.dtype.itemsize
 
 
+def same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether strides a and b lay `shape` out alike (a size-1 dim's stride is free)."""
+    return all(x == y for size, x, y in zip(shape, a, b, strict=True) if size != 1)
+
+
 def is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     """Whether `stride` lays `shape` out densely: a permutation of row-major (no gaps, no
     overlap; a size-1 dim's stride is free)."""

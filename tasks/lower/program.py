@@ -16,7 +16,7 @@ import torch
 from cache.hashing import canonical_json
 from tasks.ir.dtypes import BY_TORCH_NAME, SCALAR_TYPES, DType
 from tasks.ir.expr import const
-from tasks.ir.nodes import Buffer, BufferKind, Fallback, Graph, contiguous_strides, is_dense
+from tasks.ir.nodes import Buffer, BufferKind, Fallback, Graph, contiguous_strides, is_dense, same_layout
 from tasks.lower import serialized as ser
 from tasks.lower.consumers import consumers_of
 from tasks.lower.context import Call, Lower, LoweringError, OutMeta
@@ -226,10 +226,6 @@ def _touches_complex(args: Mapping[str, Any], meta: Any) -> bool:
     metas = meta if isinstance(meta, tuple) else (meta,)
     return any(isinstance(v, TensorValue) and v.dtype.is_complex for v in values) or \
         any(isinstance(m, OutMeta) and m.dtype.is_complex for m in metas)
-
-
-def same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    return all(x == y for size, x, y in zip(shape, a, b, strict=True) if size != 1)
 
 
 def check_result(result: Any, meta: Any) -> None:

@@ -195,7 +195,8 @@ def test_attention_of_fewer_than_four_dims_runs_as_eager(cache_dir: Path, tmp_pa
 class AttentionsEagerChecks(torch.nn.Module):
     """Attention that eager runs on its math path, since its kernels refuse it: a key and value
     with a batch of one against the query's two, grouped-query heads, a value of another head
-    size, a transposed value and query (the last dim strided), and an empty query."""
+    size, a transposed value and query (the last dim strided), an empty query, and a 5-d one
+    (eager's math path takes any number of batch dims; torch's kernels take 4)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, wide: torch.Tensor,
                 tall: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -205,7 +206,9 @@ class AttentionsEagerChecks(torch.nn.Module):
                 F.scaled_dot_product_attention(q, k, wide),
                 F.scaled_dot_product_attention(q, k, tall.transpose(-1, -2)),
                 F.scaled_dot_product_attention(tall.transpose(-1, -2), k, k, is_causal=True),
-                F.scaled_dot_product_attention(q[:, :, :0], k, k))
+                F.scaled_dot_product_attention(q[:, :, :0], k, k),
+                F.scaled_dot_product_attention(q.view(2, 2, 2, 8, 16), k.view(2, 2, 2, 8, 16),
+                                               k.view(2, 2, 2, 8, 16)))
 
 
 def test_attention_that_torchs_kernels_refuse_runs_as_eager(cache_dir: Path, tmp_path: Path) -> None:

@@ -22,7 +22,6 @@ CTYPES = {
     DType.I32: "int32_t", DType.I64: "int64_t", DType.F16: "uint16_t", DType.BF16: "uint16_t",
     DType.F32: "float", DType.F64: "double",
 }
-_HALF = (DType.F16, DType.BF16)
 _TO_FLOAT = {DType.F16: "kiln::half_to_float", DType.BF16: "kiln::bf16_to_float"}
 _FROM_FLOAT = {DType.F16: "kiln::float_to_half", DType.BF16: "kiln::float_to_bf16"}
 
@@ -62,7 +61,7 @@ def literal(value: object, dtype: DType) -> str:
     if not dtype.is_float:
         return f"static_cast<{CTYPES[dtype]}>({int(value)}LL)"  # type: ignore[call-overload]
     text = _float_text(float(value))  # type: ignore[arg-type]
-    if dtype in _HALF:
+    if dtype.is_half:
         return f"{_FROM_FLOAT[dtype]}({text})"
     return text if dtype is DType.F64 else f"static_cast<float>({text})"
 
@@ -126,7 +125,7 @@ class ExprWriter(SsaWriter[str]):
         if e.op in (Op.WHERE, Op.MASKED):
             return f"({a[0]} ? {a[1]} : {a[2]})"
         operand = e.args[0].dtype
-        if operand in _HALF:
+        if operand.is_half:
             floats = [f"{_TO_FLOAT[operand]}({x})" for x in a]
             text = _math(e.op, floats, DType.F32)
             return text if e.dtype is DType.BOOL else f"{_FROM_FLOAT[operand]}({text})"
@@ -162,11 +161,11 @@ def _math(op: Op, a: list[str], operand: DType) -> str:
 def cast_text(x: str, src: DType, dst: DType) -> str:
     if src is dst:
         return x
-    if src in _HALF:
+    if src.is_half:
         x, src = f"{_TO_FLOAT[src]}({x})", DType.F32
         if dst is DType.F32:
             return x
-    if dst in _HALF:
+    if dst.is_half:
         inner = x if src is DType.F32 else f"static_cast<float>({x})"
         return f"{_FROM_FLOAT[dst]}({inner})"
     return f"static_cast<{CTYPES[dst]}>({x})"

@@ -22,8 +22,6 @@ from tasks.ir.expr import Expr
 from tasks.ir.nodes import Buffer, Pointwise, ReduceOp, Reduction, Scatter
 from tasks.schedule.model import Kernel, KernelNode
 
-_HALF = (DType.F16, DType.BF16)
-
 
 @dataclass(frozen=True, slots=True)
 class CpuVariant:
@@ -303,7 +301,7 @@ def _identity(node: Reduction) -> str:
 
 def _acc_init(node: Reduction, acc: str) -> list[str]:
     t = CTYPES[node.body.dtype]
-    if node.body.dtype in _HALF:
+    if node.body.dtype.is_half:
         raise ValueError("a reduction accumulates in fp16/bf16; lowering should accumulate in fp32")
     if node.op is ReduceOp.WELFORD:
         return [f"kiln::Welford<{t}> {acc};"]
@@ -365,7 +363,7 @@ def _scatter_body(k: Kernel, node: Scatter) -> list[str]:
     value = w.ref(node.value)
     if node.accumulate:
         t = spec.dtype
-        if t in _HALF:
+        if t.is_half:
             old = cast_text(f"{node.target}[{at}]", t, DType.F32)
             total = cast_text(f"{old} + {cast_text(value, t, DType.F32)}", DType.F32, t)
             inner.append(f"{node.target}[{at}] = {total};")

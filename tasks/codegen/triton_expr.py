@@ -32,7 +32,6 @@ TL = {
     DType.I32: "tl.int32", DType.I64: "tl.int64", DType.F16: "tl.float16", DType.BF16: "tl.bfloat16",
     DType.F32: "tl.float32", DType.F64: "tl.float64",
 }
-_HALF = (DType.F16, DType.BF16)
 
 _TL_UNARY = {
     Op.EXP: "tl.exp", Op.EXP2: "tl.exp2", Op.LOG: "tl.log", Op.LOG2: "tl.log2", Op.SQRT: "tl.sqrt_rn",
@@ -100,7 +99,7 @@ def literal(value: object, dtype: DType) -> str:
     if not dtype.is_float:
         return f"tl.full([], {int(value)}, {TL[dtype]})"  # type: ignore[call-overload]
     text = float_text(float(value))  # type: ignore[arg-type]
-    if dtype in _HALF:
+    if dtype.is_half:
         return f"tl.full([], {text}, {TL[dtype]}).to(tl.float32)"
     return f"tl.full([], {text}, {TL[dtype]})"
 
@@ -115,7 +114,7 @@ def float_text(v: float) -> str:
 
 def rep(dtype: DType) -> str:
     """The register type a value of this dtype lives in."""
-    return "tl.float32" if dtype in _HALF else TL[dtype]
+    return "tl.float32" if dtype.is_half else TL[dtype]
 
 
 def cast_text(x: str, src: DType, dst: DType) -> str:
@@ -123,9 +122,9 @@ def cast_text(x: str, src: DType, dst: DType) -> str:
         return x
     if dst is DType.BOOL:
         return f"({x} != 0)"
-    if dst in _HALF:
+    if dst.is_half:
         return f"{x}.to({TL[dst]}).to(tl.float32)"
-    if src in _HALF and dst is DType.F32:
+    if src.is_half and dst is DType.F32:
         return x
     return f"{x}.to({TL[dst]})"
 
@@ -204,7 +203,7 @@ class ExprWriter(SsaWriter[tuple[str, Shape]]):
             return f"tl.where({a[0]}, {a[1]}, {a[2]})"
         operand = e.args[0].dtype
         text = self._math(e.op, a, operand)
-        if operand in _HALF and e.dtype in _HALF:
+        if operand.is_half and e.dtype.is_half:
             return f"({text}).to({TL[operand]}).to(tl.float32)"
         return text
 

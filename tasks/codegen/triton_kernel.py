@@ -29,7 +29,6 @@ from tasks.ir.expr import Expr, Op, loads
 from tasks.ir.nodes import Buffer, Pointwise, ReduceOp, Reduction, Scatter
 from tasks.schedule.model import Kernel
 
-_HALF = (DType.F16, DType.BF16)
 PERSISTENT_MAX_R = 4096
 X: Shape = frozenset({"x"})
 R: Shape = frozenset({"r"})
@@ -316,7 +315,7 @@ class _KernelGen:
             offset = f"tl.full({self.shape_text(mask_shape)}, 0, {self.index_type()}) + {offset}"
         ptr = name if offset == "0" else f"{name} + {offset}"
         text = f"tl.load({ptr})" if not parts else f"tl.load({ptr}, {' & '.join(parts)}, other=0)"
-        if spec.dtype in _HALF:
+        if spec.dtype.is_half:
             text += ".to(tl.float32)"
         return text, mask_shape
 
@@ -498,7 +497,7 @@ class _Reduce:
         self.node = node
         self.acc = acc
         dtype = node.body.dtype
-        if dtype in _HALF:
+        if dtype.is_half:
             raise ValueError("a reduction accumulates in fp16/bf16; lowering should accumulate in fp32")
         if dtype is DType.BOOL and node.op not in (ReduceOp.ANY, ReduceOp.ALL):
             raise ValueError(f"{node.op.value} over bool values reaches codegen; lowering should cast them")

@@ -38,9 +38,14 @@ class DType(enum.Enum):
         return self in (DType.C64, DType.C128)
 
     @property
+    def is_half(self) -> bool:
+        """fp16 or bf16: stored in 2 bytes, computed in fp32."""
+        return self in (DType.F16, DType.BF16)
+
+    @property
     def compute(self) -> DType:
         """The type arithmetic runs in: fp16/bf16 storage computes in fp32."""
-        return DType.F32 if self in (DType.F16, DType.BF16) else self
+        return DType.F32 if self.is_half else self
 
 
 FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})

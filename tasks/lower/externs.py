@@ -82,11 +82,7 @@ def _sdpa(ctx: Lower, call: Call) -> TensorValue:
         raise LoweringError("attention with dropout_p > 0; kiln compiles inference: call model.eval()")
     mask, query = call["attn_mask"], call.tensor("query")
     key, value = call.tensor("key"), call.tensor("value")
-    if query.ndim > 4:
-        raise LoweringError(f"attention over {query.ndim}-d tensors: torch's attention kernels take "
-                            "[B, H, L, E]", "reshape the query, key and value to 4 dims before "
-                            "scaled_dot_product_attention")
-    if not kernel_takes(query, key, value):
+    if query.ndim > 4 or not kernel_takes(query, key, value):
         fallback: TensorValue = lower_fallback(ctx, call)  # torch's own choice: eager's math path
         return fallback
     if isinstance(mask, TensorValue) and mask.dtype is DType.BOOL:
@@ -118,7 +114,7 @@ def _sdpa(ctx: Lower, call: Call) -> TensorValue:
 # which chooses as eager does.
 def kernel_takes(query: TensorValue, key: TensorValue, value: TensorValue) -> bool:
     """Whether torch's attention kernels (both targets') take these tensors as they are (the last
-    dim's stride aside: _unit_last_stride sees to it)."""
+    dim's stride aside: _unit_last_stride sees to it; more than 4 dims aside: _sdpa checks)."""
     lead = query.shape[:-2]
     if key.shape[:-2] != lead or value.shape[:-2] != lead:
         return False  # broadcast batch or heads, or grouped-query heads

@@ -29,7 +29,6 @@ from tasks.ir.dtypes import DType
 from tasks.ir.expr import Expr, substitute, var
 from tasks.ir.nodes import Buffer, BufferKind, channels_last_strides
 
-HALF = (DType.F16, DType.BF16)
 CONVOLUTION = "torch.ops.aten.convolution.default"
 NCHW_IN_NHWC = (0, 3, 1, 2)  # a value's dim k is the buffer's dim NCHW_IN_NHWC[k]
 
@@ -37,7 +36,7 @@ NCHW_IN_NHWC = (0, 3, 1, 2)  # a value's dim k is the buffer's dim NCHW_IN_NHWC[
 def takes_channels_last(layout: str, dtype: DType, ndim: int, transposed: bool) -> bool:
     """Whether a convolution of this kind is laid out channels-last (layout: "auto" on the cuda
     target only; the program is traced on the CPU either way)."""
-    return layout == "auto" and dtype in HALF and ndim == 4 and not transposed
+    return layout == "auto" and dtype.is_half and ndim == 4 and not transposed
 
 
 def relaid_weights(graph: Any, inputs: Sequence[Buffer | None], layout: str) -> list[Buffer | None]:

@@ -59,6 +59,8 @@ def test_a_conv_block_laid_out_channels_last_matches_eager(dtype: torch.dtype) -
     convs = [n for n in graph.nodes if isinstance(n, Extern) and n.op is ExternOp.CONVOLUTION]
     laid = [n.out.stride == channels_last_strides(n.out.shape) for n in convs if len(n.out.shape) == 4]
     assert laid == [True, True, True, False]  # stem, conv1, conv2; not the transposed one
+    # conv2's bias is a kernel's add after cuDNN's call, as eager adds it; the transposed and 1-d keep theirs
+    assert [n.inputs[2] is None for n in convs] == [True, True, True, False, False]
     # the batch norms and ReLUs, the pool and the residual add write [N, H, W, C] buffers
     shapes = [n.outs[0].shape[1:] for n in graph.nodes if isinstance(n, Pointwise | Reduction)]
     assert shapes.count((16, 16, 6)) >= 1
@@ -66,6 +68,32 @@ def test_a_conv_block_laid_out_channels_last_matches_eager(dtype: torch.dtype) -
     assert (6, 16, 16) not in shapes
     assert shapes.count((6, 8, 8)) == 1
     assert graph.outputs[-1] == graph.nodes[-1].outs[0].name
+
+
+class BiasedConvolutions(nn.Module):
+    """A convolution with a bias into a ReLU, a depthwise one with a bias (eager's depthwise
+    kernels add it inside), and a biased one whose output is the model's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.last = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.conv(x))
+        return self.last(y), torch.relu(self.depthwise(y))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_convolutions_bias_is_added_after_it_where_eager_adds_it(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model = BiasedConvolutions().eval().to(dtype)
+    graph = compile_fn(model, torch.randn(2, 4, 8, 8, dtype=dtype), rtol=2e-2, atol=2e-2, layout="auto").graph
+    convs = [n for n in graph.nodes if isinstance(n, Extern) and n.op is ExternOp.CONVOLUTION]
+    assert [n.inputs[2] is None for n in convs] == [True, True, False]  # conv, last, depthwise
+    names = {b.name for n in graph.nodes for b in n.outs}
+    assert all(name in names for name in graph.outputs)
 
 
 def test_the_traced_layout_and_the_cpu_target_keep_row_major() -> None:

@@ -71,9 +71,35 @@ def _convolution(ctx: Lower, call: Call) -> TensorValue:
     meta, transposed = call.meta, bool(params["transposed"])
     if not takes_channels_last(ctx.layout, meta.dtype, len(meta.shape), transposed):
         return ctx.extern(ExternOp.CONVOLUTION, inputs, params, call)
-    out = ctx.extern(ExternOp.CONVOLUTION, inputs, params, call, channels_last_strides(meta.shape))
+    split = isinstance(bias, TensorValue) and _bias_after_cudnn(inputs, int(params["groups"]), meta.dtype)
+    out = ctx.extern(ExternOp.CONVOLUTION, [*inputs[:2], None] if split else inputs, params, call,
+                     channels_last_strides(meta.shape))
     ctx.channels_last.add(out.buffer.name)
-    return out
+    if not isinstance(bias, TensorValue) or not split:
+        return out
+    channel_bias = reshape(bias, (bias.shape[0], 1, 1))  # broadcast over the plane
+    return ctx.pointwise(meta.shape, meta.dtype, call.origin, lambda loop: binary(
+        Op.ADD, loop.load(out, loop.idx), loop.broadcast_load(channel_bias)))
+
+
+# Note: eager's cuDNN convolution adds its bias after the call, in place, in a pass of its own
+# (aten/src/ATen/native/Convolution.cpp: output.add_(reshape_bias(...))); at::convolution,
+# which kiln calls where a bias is given, does the same into a result of its own that the
+# runtime then copies into kiln's buffer. So, laid out channels-last (on cuDNN in half
+# precision), kiln calls the convolution without its bias, into its own buffer
+# (wrapper.on_cudnn), and adds the bias in a pointwise kernel, which the schedule fuses into
+# the kernel after it (a norm, an activation): two passes fewer, with eager's roundings (the
+# product rounds to the dtype, then the add rounds once). A depthwise convolution stays as it
+# is: eager's depthwise kernels add the bias inside, and on_cudnn leaves them to at::convolution.
+def _bias_after_cudnn(inputs: list[TensorValue | None], groups: int, dtype: DType) -> bool:
+    """Whether a convolution's bias is added after its cuDNN call, as eager adds it."""
+    x, weight, bias = inputs
+    if x is None or weight is None or bias is None or bias.dtype is not dtype or bias.ndim != 1:
+        return False
+    if x.dtype is not dtype or weight.dtype is not dtype or 0 in x.shape + weight.shape:
+        return False
+    channels = x.shape[1]
+    return not (groups > 1 and channels == groups and weight.shape[0] % channels == 0)  # depthwise
 
 
 @register("aten.scaled_dot_product_attention.default")

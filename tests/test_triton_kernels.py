@@ -63,6 +63,11 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     # integer powers by square and multiply: wrapping past the type, negative exponents (ATen's powi)
     "int_pow": (lambda a, e: (torch.pow(a, e), torch.pow(a.int(), e.int() + 20), torch.pow(a, 5)),
                 (torch.tensor([3, 7, 0, 2, -1, 1, -3, 5]), torch.tensor([39, 21, -1, -1, -3, -7, 5, 2]))),
+    # shifts by a negative amount or by the width or more: 0 to the left, the sign's fill to the right
+    # (numpy, the interpreter, defines them so; LLVM does not: the GPU run of the patterns checks)
+    "shifts": (lambda a, s: (a << s, a >> s, a.int() << s.int(), a.int() >> s.int(),
+                             a.to(torch.uint8) >> s.to(torch.uint8), a.to(torch.uint8) << s.to(torch.uint8)),
+               (torch.tensor([3, -7, 1, -1, 5, -3, 9, -2]), torch.tensor([-1, 0, 3, 31, 32, 63, 64, 70]))),
     "embedding": (lambda i, w: F.embedding(i, w) * 2, (IDX, X)),
     "gather_where": (lambda x, i: torch.where(x[:5, :3] > 0, x.gather(0, i), 0.5), (X, IDX)),
     "index_put": (lambda x, i: x.index_put((i[:, 0],), torch.ones(5, 33), accumulate=True), (X, IDX)),

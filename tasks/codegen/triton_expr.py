@@ -47,7 +47,7 @@ _LIBDEVICE_UNARY = {
 _LIBDEVICE_BINARY = {Op.ATAN2: "atan2", Op.POW: "pow", Op.FMOD: "fmod", Op.COPYSIGN: "copysign"}
 _INFIX = {
     Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.TRUEDIV: "/", Op.BITWISE_AND: "&", Op.BITWISE_OR: "|",
-    Op.BITWISE_XOR: "^", Op.LSHIFT: "<<", Op.RSHIFT: ">>", Op.EQ: "==", Op.NE: "!=", Op.LT: "<",
+    Op.BITWISE_XOR: "^", Op.EQ: "==", Op.NE: "!=", Op.LT: "<",
     Op.LE: "<=", Op.GT: ">", Op.GE: ">=",
 }
 _LOGICAL = {Op.LOGICAL_AND: "&", Op.LOGICAL_OR: "|", Op.LOGICAL_XOR: "!="}
@@ -82,6 +82,18 @@ def _kiln_ipow(a, b, BITS: tl.constexpr):
         e = e >> 1
     negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0))
     return tl.where(b < 0, negative.to(result.dtype), result)''',
+    "_kiln_shl": '''@triton.jit
+def _kiln_shl(a, b, BITS: tl.constexpr):
+    # torch's shifts (ATen's BinaryOpsKernel): by a negative amount or by the width or more, 0
+    # (Triton's << is LLVM's shl, undefined there).
+    out = (b < 0) | (b >= BITS)
+    return tl.where(out, 0, a << tl.where(out, 0, b))''',
+    "_kiln_shr": '''@triton.jit
+def _kiln_shr(a, b, BITS: tl.constexpr):
+    # out of range: the sign's fill (a shift by BITS - 1), and 0 for what is not negative
+    out = (b < 0) | (b >= BITS)
+    shifted = a >> tl.where(out, BITS - 1, b)
+    return tl.where(out & (a >= 0), 0, shifted)''',
     "_kiln_maximum": '''@triton.jit
 def _kiln_maximum(a, b):
     # NaN-propagating, as torch.maximum.
@@ -255,6 +267,10 @@ class ExprWriter(SsaWriter[tuple[str, Shape]]):
         if op is Op.POW and not operand.is_float:  # not through double: inexact above 2**53, saturating
             self.helpers.add("_kiln_ipow")
             return f"_kiln_ipow({a[0]}, {a[1]}, {operand.itemsize * 8})"
+        if op in (Op.LSHIFT, Op.RSHIFT):
+            fn = "_kiln_shl" if op is Op.LSHIFT else "_kiln_shr"
+            self.helpers.add(fn)
+            return f"{fn}({a[0]}, {a[1]}, {operand.itemsize * 8})"
         if op in _LIBDEVICE_BINARY:
             return f"libdevice.{_LIBDEVICE_BINARY[op]}({a[0]}, {a[1]})"
         if op is Op.TRUEDIV and not operand.is_float:

@@ -68,6 +68,11 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     "shifts": (lambda a, s: (a << s, a >> s, a.int() << s.int(), a.int() >> s.int(),
                              a.to(torch.uint8) >> s.to(torch.uint8), a.to(torch.uint8) << s.to(torch.uint8)),
                (torch.tensor([3, -7, 1, -1, 5, -3, 9, -2]), torch.tensor([-1, 0, 3, 31, 32, 63, 64, 70]))),
+    # the lowest integers by -1: a wrapping negation and 0, as torch's (LLVM leaves sdiv and srem undefined)
+    "int_by_minus_one": (lambda a, d: (a // d, a % d, torch.fmod(a, d), a.int() // d.int(),
+                                       a.int() % d.int()),
+                         (torch.tensor([-2**63, -2**63 + 1, 5, -2**31, 7, 0]),
+                          torch.tensor([-1, -1, -1, -1, 2, -1]))),
     "embedding": (lambda i, w: F.embedding(i, w) * 2, (IDX, X)),
     "gather_where": (lambda x, i: torch.where(x[:5, :3] > 0, x.gather(0, i), 0.5), (X, IDX)),
     "index_put": (lambda x, i: x.index_put((i[:, 0],), torch.ones(5, 33), accumulate=True), (X, IDX)),

@@ -57,15 +57,16 @@ _INDEX_OPS = (Op.VAR, Op.ADD, Op.SUB, Op.MUL, Op.FLOORDIV, Op.MOD)
 HELPERS = {
     "_kiln_floordiv": '''@triton.jit
 def _kiln_floordiv(a, b):
-    # Python's floor division; 0 for a zero divisor, so a masked lane never traps.
-    d = tl.where(b == 0, 1, b)
+    # Python's floor division; 0 for a zero divisor, so a masked lane never traps; by -1 a
+    # negation that wraps, as torch's (LLVM leaves the lowest integer's sdiv by -1 undefined).
+    d = tl.where((b == 0) | (b == -1), 1, b)
     q = a // d
     q = tl.where(((a % d) != 0) & ((a < 0) != (d < 0)), q - 1, q)
-    return tl.where(b == 0, 0, q)''',
+    return tl.where(b == 0, 0, tl.where(b == -1, 0 - a, q))''',
     "_kiln_mod": '''@triton.jit
 def _kiln_mod(a, b):
-    # Python's modulo: the divisor's sign; 0 for a zero divisor.
-    d = tl.where(b == 0, 1, b)
+    # Python's modulo: the divisor's sign; 0 for a zero divisor, and by -1 (as above).
+    d = tl.where((b == 0) | (b == -1), 1, b)
     r = a % d
     r = tl.where((r != 0) & ((r < 0) != (d < 0)), r + d, r)
     return tl.where(b == 0, 0, r)''',
@@ -263,7 +264,7 @@ class ExprWriter(SsaWriter[tuple[str, Shape]]):
             self.helpers.add(fn)
             return f"{fn}({a[0]}, {a[1]})"
         if op is Op.FMOD and not operand.is_float:
-            return f"({a[0]} % {a[1]})"  # Triton's integer % truncates, as C's
+            return f"({a[0]} % tl.where({a[1]} == -1, 1, {a[1]}))"  # truncating, as C's; by -1 as above
         if op is Op.POW and not operand.is_float:  # not through double: inexact above 2**53, saturating
             self.helpers.add("_kiln_ipow")
             return f"_kiln_ipow({a[0]}, {a[1]}, {operand.itemsize * 8})"

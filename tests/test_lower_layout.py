@@ -159,3 +159,26 @@ def test_as_strided_over_a_relaid_weight_is_refused() -> None:
 
     with pytest.raises(LoweringError, match="as_strided over p_conv_weight, which eager lays out"):
         compile_fn(Strided().to(torch.float16), torch.randn(2, 4, 8, 8, dtype=torch.float16), layout="auto")
+
+
+class StridedOverKernels(nn.Module):
+    """as_strided over a biased convolution's output and over a ReLU's, addressing the storage as
+    eager lays it out for a channels-last input: channels-last, as kiln's [N, H, W, C] buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv(x)
+        return (torch.as_strided(y, (2, 6, 4, 4), (384, 1, 96, 12)),
+                torch.as_strided(torch.relu(y), (2, 3, 8), (384, 2, 48)))
+
+
+def test_as_strided_over_a_channels_last_kernel_matches_eager() -> None:
+    # Note: before, both were refused: kiln took eager's layout for NCHW, not the trace's
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 8, 8, dtype=torch.float16).to(memory_format=torch.channels_last)
+    compile_fn(StridedOverKernels().eval().half(), x, rtol=2e-2, atol=2e-2, layout="auto")
+    with pytest.raises(LoweringError, match="as_strided over"):  # an NCHW input: eager's layout is NCHW
+        compile_fn(StridedOverKernels().eval().half(), x.contiguous(), rtol=2e-2, atol=2e-2, layout="auto")

@@ -129,9 +129,10 @@ class Lower:
     def _nchw_view(self, out: Buffer) -> TensorValue:
         """An [N, H, W, C] buffer's value: its [N, C, H, W] view, channels-last in memory."""
         self.channels_last.add(out.name)
-        n, h, w, c = out.shape
-        self.eager_strides[out.name] = contiguous_strides((n, c, h, w))  # eager's NCHW
-        return TensorValue(out, (n, c, h, w), tuple(view_var(NCHW_IN_NHWC.index(b)) for b in range(4)))
+        view = nchw_view(out)
+        # eager's NCHW, until the trace says (Lowering._note_layouts: a channels-last input's)
+        self.eager_strides[out.name] = contiguous_strides(view.shape)
+        return view
 
     def reduction(self, op: ReduceOp, shape: tuple[int, ...], reduce: tuple[int, ...],
                   origin: str, body: Callable[[Loop], Expr]) -> tuple[TensorValue, ...]:
@@ -202,3 +203,9 @@ def scalar(value: Any, dtype: DType) -> Expr:
 
 def params_json(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True)
+
+
+def nchw_view(out: Buffer) -> TensorValue:
+    """An [N, H, W, C] buffer as the [N, C, H, W] value it holds."""
+    n, h, w, c = out.shape
+    return TensorValue(out, (n, c, h, w), tuple(view_var(NCHW_IN_NHWC.index(b)) for b in range(4)))

@@ -16,10 +16,19 @@ import torch
 from cache.hashing import canonical_json
 from tasks.ir.dtypes import BY_TORCH_NAME, SCALAR_TYPES, DType
 from tasks.ir.expr import const
-from tasks.ir.nodes import Buffer, BufferKind, Fallback, Graph, contiguous_strides, is_dense, same_layout
+from tasks.ir.nodes import (
+    Buffer,
+    BufferKind,
+    Fallback,
+    Graph,
+    channels_last_strides,
+    contiguous_strides,
+    is_dense,
+    same_layout,
+)
 from tasks.lower import serialized as ser
 from tasks.lower.consumers import consumers_of
-from tasks.lower.context import Call, Lower, LoweringError, OutMeta
+from tasks.lower.context import Call, Lower, LoweringError, OutMeta, nchw_view
 from tasks.lower.control import unsupported_higher_order
 from tasks.lower.layout import relaid_weights
 from tasks.lower.registry import LOWERINGS, TOKEN, lower_fallback
@@ -161,9 +170,18 @@ class GraphLowering:
         names = [n for out in outs for n in (out if isinstance(out, list) else [out]) if n]
         for name in names:
             value = self.env.get(name)
-            if isinstance(value, TensorValue) and value.is_identity():
-                strides = ser.tensor_meta(values, name)[1]
+            if not isinstance(value, TensorValue):
+                continue
+            strides = ser.tensor_meta(values, name)[1]
+            if value.is_identity():
                 if not same_layout(value.shape, strides, value.buffer.stride):
+                    self.ctx.eager_strides[value.buffer.name] = strides
+            elif value.buffer.name in self.ctx.channels_last and value == nchw_view(value.buffer):
+                # a kernel's [N, H, W, C] buffer: eager's too where eager keeps a channels-last
+                # input's layout (its storage is then kiln's, and as_strided addresses it alike)
+                if same_layout(value.shape, strides, channels_last_strides(value.shape)):
+                    self.ctx.eager_strides.pop(value.buffer.name, None)
+                else:
                     self.ctx.eager_strides[value.buffer.name] = strides
 
     def _lower(self, node: Json, name: str, meta: Any) -> Any:

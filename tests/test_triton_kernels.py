@@ -229,6 +229,16 @@ def test_every_kernel_matches_the_interpreter_compiled_on_the_gpu(name: str) -> 
     assert not failures, "\n".join(failures)
 
 
+def test_integer_helpers_compile_for_sm90() -> None:
+    """The integer helpers (powers, shifts, division by -1) through Triton's real compiler, which
+    the interpreter above does not run: on a CPU machine too."""
+    kernels = [k for p in ("int_ops", "int_pow", "shifts", "int_by_minus_one") for k in _pattern_kernels(p)]
+    results = compile_sm90(kernels)
+    assert not [f"{r['name']}: {r['error']}" for r in results if "error" in r]
+    assert len(results) == len(kernels)
+    assert all(r["cubin_bytes"] > 0 for r in results)
+
+
 @pytest.mark.parametrize("name", REFERENCE_MODELS)
 def test_every_kernel_of_a_reference_model_compiles_for_sm90(name: str) -> None:
     kernels = _model_kernels(name)

@@ -49,12 +49,22 @@ def export_only(
         warn(f"model {model!r} is in training mode and is compiled so, as eager runs it: batch norm "
              "takes the batch's statistics and updates its running stats. Call model.eval() first "
              "to compile inference")
-    with _export_errors(model, root), _without_kv_cache(module) as turned_off:
+    with _export_errors(model, root):
+        with _without_kv_cache(module, _generates(module)) as turned_off:
+            try:
+                program = torch.export.export(module, args, strict=False)
+            except Exception as err:
+                if turned_off or not _CACHE_OUT.search(str(err)):
+                    raise
+                program = None  # a cache nobody asked for: a decoder's base model, or a wrapper's
+        if program is None:
+            with _without_kv_cache(module, True) as turned_off:
+                program = torch.export.export(module, args, strict=False)
         if turned_off:
             warn(f"model {model!r}: use_cache turned off for the compile: the compiled forward returns "
                  "no past_key_values (kiln compiles one forward pass, not a generation loop with a KV "
                  "cache)")
-        return torch.export.export(module, args, strict=False)
+        return program
 
 
 def _mode_matters(module: torch.nn.Module) -> bool:
@@ -63,20 +73,31 @@ def _mode_matters(module: torch.nn.Module) -> bool:
     return module.training and any(isinstance(m, kinds) for m in module.modules())
 
 
+# Note: export's error where a forward returns a Cache object (DynamicCache, EncoderDecoderCache)
+_CACHE_OUT = re.compile(r"Found (<class ')?[\w.]*Cache('>)? in output")
+
+
+def _generates(module: torch.nn.Module) -> bool:
+    """A transformers model that returns its KV cache by default: one that generates, or whose
+    config says it decodes. Others (a decoder's base model, a classification head, a module
+    wrapping a model) are found by export's error instead (export_only)."""
+    top = getattr(module, "config", None)
+    generates = getattr(module, "can_generate", None)
+    return bool((callable(generates) and generates()) or getattr(top, "is_decoder", False)
+                or getattr(top, "is_encoder_decoder", False))
+
+
 @contextlib.contextmanager
-def _without_kv_cache(module: torch.nn.Module) -> Iterator[bool]:
+def _without_kv_cache(module: torch.nn.Module, decoder: bool) -> Iterator[bool]:
     """A transformers model whose config turns its KV cache on, with it off for the export.
 
     Note: with use_cache on (transformers' default), a decoder returns its cache as a Cache
     object that torch's pytree does not know, and export fails. The caller gave no
     past_key_values and asked for no cache (kiln's compile takes the inputs alone), so the
     program is exported as the same forward without one, and the user is told once. Every
-    submodule's config is turned off: an encoder-decoder's stacks hold copies of it (T5)."""
+    submodule's config is turned off: an encoder-decoder's stacks hold copies of it (T5), and
+    a user's module may wrap the model."""
     configs: dict[int, Any] = {}
-    top = getattr(module, "config", None)
-    generates = getattr(module, "can_generate", None)
-    decoder = (callable(generates) and generates()) or getattr(top, "is_decoder", False) or \
-        getattr(top, "is_encoder_decoder", False)
     for submodule in module.modules() if decoder else ():  # an encoder (BERT) returns no cache
         config = getattr(submodule, "config", None)
         if getattr(config, "use_cache", None) is True:

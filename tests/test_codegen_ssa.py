@@ -74,3 +74,27 @@ def test_masks_whose_bodies_nest_each_other_are_ordered_or_refused_not_recursed(
     (guard,) = guards
     assert guard is not None
     assert (guard.count("||"), guard.count("&&")) == (1, 4)
+
+
+def test_a_knot_of_masks_is_a_clear_error_naming_the_kernel() -> None:
+    """A load read under mask A to compute mask M, and under M too (BEiT's relative position
+    bias makes one): the writer cannot order it, and the compile says which kernel, from where."""
+    import types
+
+    import pytest
+
+    from contract.errors import KilnError
+    from tasks.gen_tuning.stage import written
+
+    x = var("x0")
+    value = load("in0", DType.I64, (x,))
+    first = masked(binary(Op.LT, x, const(4, DType.I64)), value, const(0, DType.I64))
+    second = masked(binary(Op.LT, first, const(3, DType.I64)), value, const(0, DType.I64))
+    root = binary(Op.ADD, first, second)
+
+    def write() -> list[str]:
+        return ExprWriter(lambda e, index, guard: f"in0[{index[0]}]", {"x0": 8}).emit([root])
+
+    kernel = types.SimpleNamespace(name="k1", origins=("add_2", "index_3"))
+    with pytest.raises(KilnError, match=r"kiln cannot write kernel k1 \(from the graph's add_2, index_3\)"):
+        written(kernel, write)  # type: ignore[arg-type]

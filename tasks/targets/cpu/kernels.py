@@ -18,7 +18,7 @@ from contract.toolchain import cxx, kernel_flags
 from tasks.codegen.cpp_build import RUNTIME
 from tasks.codegen.cpp_kernel import CpuVariant, kernel_source
 from tasks.gen_tuning.spec import kernel_params
-from tasks.gen_tuning.stage import run_with
+from tasks.gen_tuning.stage import run_with, written
 from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
 from tasks.targets.cpu.spec import CpuKernelEntry, CpuKernelsJson, CpuVariantFile
 from tasks.targets.cpu.symbols import function_for
@@ -49,8 +49,9 @@ def write(schedule: Schedule, out: Path, isa: str) -> CpuKernelsJson:
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RUNTIME / "kiln_cpu.h", folder / "kiln_cpu.h")
     places = kernel_places(schedule)
-    entries = tuple(_entry(group, folder, tuple(sorted({p for k in group for p in places.get(k.name, ())})))
-                    for group in kernels_by_key(schedule).values())
+    entries = tuple(written(group[0], lambda group=group: _entry(  # type: ignore[misc]
+        group, folder, tuple(sorted({p for k in group for p in places.get(k.name, ())}))))
+        for group in kernels_by_key(schedule).values())
     spec = CpuKernelsJson("kernels", (Path(cxx()).name, *kernel_flags(isa)), entries)
     (out / "kernels.json").write_text(pretty_json(spec.to_json()))
     shutil.copyfile(TUNER, out / "tune.py")

@@ -38,7 +38,7 @@ from tasks.codegen.triton_matmul import (
     matmul_source,
 )
 from tasks.gen_tuning.spec import KernelParam, kernel_params
-from tasks.gen_tuning.stage import run_with
+from tasks.gen_tuning.stage import run_with, written
 from tasks.ir.nodes import Buffer
 from tasks.schedule.model import Kernel, Schedule, kernel_places, kernels_by_key
 from tasks.targets.cuda.spec import (
@@ -68,8 +68,9 @@ def write(schedule: Schedule, out: Path, matmul: str = MATMUL_DEFAULT) -> CudaKe
     folder = out / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     places = kernel_places(schedule)
-    entries = tuple(_entry(group, folder, tuple(sorted({p for k in group for p in places.get(k.name, ())})))
-                    for group in kernels_by_key(schedule).values())
+    entries = tuple(written(group[0], lambda group=group: _entry(  # type: ignore[misc]
+        group, folder, tuple(sorted({p for k in group for p in places.get(k.name, ())}))))
+        for group in kernels_by_key(schedule).values())
     if matmul != LIBRARY:
         entries += tuple(_pair_entry(found, folder, with_library=matmul == "auto")
                          for found in matmul_pairs(schedule).values())

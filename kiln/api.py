@@ -59,6 +59,21 @@ def compile(
     return load(result.out) if build.complete else build
 
 
+def _check_inputs(inputs: tuple[Any, ...]) -> None:
+    """The example inputs are tensors, each an input of the compiled model's."""
+    import torch
+
+    if not isinstance(inputs, tuple | list):
+        raise KilnError(f"example_inputs is a {type(inputs).__name__}, not a tuple of tensors",
+                        "pass the forward's positional inputs as a tuple: compile(model, (x,))")
+    for i, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor):
+            raise KilnError(f"example input {i} is {type(value).__name__}, not a tensor: kiln compiles a "
+                            "forward of tensor inputs",
+                            "wrap the model in a module whose forward takes the tensors alone and passes "
+                            "the rest itself (by keyword: model(ids, attention_mask=mask))")
+
+
 def _source_root(model: Any) -> Path:
     """The folder of the file that defines the module's class, where that is the user's code:
     trace names source lines (in errors and its source map) relative to it. Classes from
@@ -78,6 +93,7 @@ def _source_root(model: Any) -> Path:
 
 def _live_config(name: str, inputs: tuple[Any, ...], extra: dict[str, Any],
                  root: Path = PROJECT_ROOT) -> ModelConfig:
+    _check_inputs(inputs)
     specs = [
         {"name": f"arg{i}", "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
         for i, t in enumerate(inputs)

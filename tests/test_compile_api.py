@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from contract.errors import KilnError
 from kiln import compile as kiln_compile
 from kiln.loader import CompiledModel
 from kiln.run_model import flat_tensors
@@ -280,3 +281,36 @@ def test_schema_defaults_and_a_loop_over_a_closed_over_tensor_run_as_eager(cache
     compiled = _compiled(DefaultsAndLoops(), inputs, cache_dir, tmp_path / "b")
     for got, want in zip(compiled(*inputs), DefaultsAndLoops()(*inputs), strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_an_example_input_that_is_not_a_tensor_is_a_clear_error(tmp_path: Path) -> None:
+    # Note: before, None (which eager takes for an optional input) ended in an AttributeError
+    module = MatmulBy(torch.randn(5, 3))
+    with pytest.raises(KilnError, match="example input 1 is NoneType, not a tensor"):
+        kiln_compile(module, (torch.randn(4, 5), None), target="cpu", out=tmp_path / "b",
+                     cache_dir=tmp_path / "c")
+    with pytest.raises(KilnError, match="example_inputs is a Tensor, not a tuple"):
+        kiln_compile(module, torch.randn(4, 5), target="cpu", out=tmp_path / "b",  # type: ignore[arg-type]
+                     cache_dir=tmp_path / "c")
+
+
+@torch.library.custom_op("kilnapi::scaled", mutates_args=())
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@_scaled.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class CallsACustomOp(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _scaled(x) + 1  # type: ignore[no-any-return]
+
+
+def test_a_loaded_custom_op_is_a_clear_error_that_says_why(tmp_path: Path) -> None:
+    # Note: before, the error asked whether the library was loaded, which it was
+    with pytest.raises(KilnError, match=r"kilnapi\.scaled\.default is a custom op of the 'kilnapi' library"):
+        kiln_compile(CallsACustomOp(), (torch.randn(4),), target="cpu", out=tmp_path / "b",
+                     cache_dir=tmp_path / "c")

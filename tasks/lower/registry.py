@@ -47,7 +47,14 @@ def register(*targets: str) -> Callable[[Lowering], Lowering]:
 def lower_fallback(ctx: Lower, call: Call) -> Any:  # TensorValue or a tuple of them
     """Call the aten op as it is. Its tensors cross as strided views; outputs are fresh buffers."""
     namespace = call.target.split(".")[0]
-    if namespace not in ("aten", "prims") or not _resolvable(call.target):
+    if namespace not in ("aten", "prims"):
+        # Note: a custom op (a library's torch.library op, as transformers' MoE experts) may be
+        # loaded here, but the compiled model runs without Python: only aten and prims ops have
+        # C++ kernels its runtime can call.
+        raise LoweringError(f"{call.target} is a custom op of the {namespace!r} library: kiln has no "
+                            "lowering for it, and the compiled model can call only aten and prims ops",
+                            "write it with aten ops, or choose the library's plain-torch path for it")
+    if not _resolvable(call.target):
         raise LoweringError(f"{call.target} has no lowering and no aten fallback (is the library "
                             "that defines it loaded?)")
     returns_nothing = not _op(call.target)._schema.returns

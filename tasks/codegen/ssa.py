@@ -42,13 +42,31 @@ class SsaWriter(Generic[Name]):
                 if mask.key in self.names:
                     continue
                 if mask.key in pending:
-                    raise ValueError("masked loads whose masks each depend on the other's loads: "
-                                     "kiln cannot order them")
+                    raise UnorderedMasks("masked loads whose masks each depend on the other's loads: "
+                                         "kiln cannot order them")
                 self._emit_tree(mask, contexts, (*pending, mask.key))
             self._emit(node, guard)
 
     def _emit(self, e: Expr, guard: str | None) -> None:
         raise NotImplementedError
+
+
+class UnorderedMasks(ValueError):
+    """A load that a mask's computation reads, and that runs under that mask too."""
+
+
+class _Probe(SsaWriter[str]):
+    def _emit(self, e: Expr, guard: str | None) -> None:
+        self.names[e.key] = e.key
+
+
+def orderable(roots: list[Expr]) -> bool:
+    """Whether the writers can order these roots' masked loads (SsaWriter.emit would not raise)."""
+    try:
+        _Probe().emit(roots)
+    except UnorderedMasks:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+from tasks.codegen.ssa import orderable
 from tasks.ir import index as ix
 from tasks.ir.expr import Expr, Op, buffers_read, loads, rewrite, substitute, walk
 from tasks.ir.nodes import (
@@ -99,20 +100,57 @@ def inline_refusal(node: Pointwise, graph: Graph, sites: list[Node], mutated: se
 
 
 def inline_pointwise(graph: Graph, decisions: Decisions) -> Graph:
+    apart: set[str] = set()
+    while True:
+        tried = Decisions()
+        inlined, knotted = _inlined(graph, tried, apart)
+        if knotted <= apart:
+            decisions.refused += tried.refused
+            return inlined
+        apart |= knotted
+
+
+# Note: inlining a producer whose body holds masked loads (a cat's parts, a pad) into a
+# consumer that computes a mask from the same loads can knot the consumer's masks: a load read
+# to compute a mask, and under that mask too, which the expression writers cannot order
+# (tasks/codegen/ssa.py; BEiT's relative position bias, a cat indexed by a table built in the
+# graph, made one). Such producers are kept apart, in buffers of their own, and inlining is
+# redone; each round keeps more apart, so it ends.
+def _inlined(graph: Graph, decisions: Decisions, apart: set[str]) -> tuple[Graph, set[str]]:
+    """The graph with pointwise nodes inlined, except those `apart`; and the masked producers
+    whose inlining left a consumer's masks knotted."""
     sites = read_sites(graph)
     mutated = {n.target for n in graph.nodes if isinstance(n, Scatter)}
     bodies: dict[str, Pointwise] = {}
     kept: list[Node] = []
-    for node in graph.nodes:
-        node = _named_after_copied(expand_loads(node, bodies), node, bodies)
+    knotted: set[str] = set()
+    masked: set[str] = set()  # the inlined bodies with masked loads
+    for before in graph.nodes:
+        node = _named_after_copied(expand_loads(before, bodies), before, bodies)
+        inlined = {name for root in _roots(before) for name in buffers_read(root) if name in masked}
+        if inlined and not orderable(_roots(node)):
+            knotted |= inlined
         if isinstance(node, Pointwise):
             why = inline_refusal(node, graph, sites.get(node.out.name, []), mutated)
+            if why is None and node.out.name in apart:
+                why = "its masked loads would knot a consumer's masks"
             if why is None:
                 bodies[node.out.name] = node
+                if any(n.op is Op.MASKED for n in walk(node.body)):
+                    masked.add(node.out.name)
                 continue
             decisions.refuse(f"inline {node.out.name} ({node.origin})", why)
         kept.append(node)
-    return replace(graph, nodes=tuple(kept))
+    return replace(graph, nodes=tuple(kept)), knotted
+
+
+def _roots(node: Node) -> list[Expr]:
+    """The expressions a node's kernel computes."""
+    if isinstance(node, Pointwise | Reduction):
+        return [node.body]
+    if isinstance(node, Scatter):
+        return [*node.index, node.value]
+    return []
 
 
 def _named_after_copied(node: Node, before: Node, bodies: dict[str, Pointwise]) -> Node:

@@ -37,17 +37,19 @@ _LOWER_KEYS = {"layout"}
 # triton_matmul.py). "auto" times that template against the library call and the kernel, on
 # the GPU, and ships the faster (the library call where there is no GPU to time on);
 # "template" always ships the template; "library" never tries it. The cpu target has no template.
-# "auto" is the default: tuning never ships a template slower than the library's call, and
-# make test-gpu (tests/test_cuda_matmul.py) checks the templates on the GPU.
+# "library" is the default until the templates have run on a GPU (make test-gpu's
+# tests/test_cuda_matmul.py, and bench/cuda_replay.py --matmul library,auto): a build that has
+# not asked for them runs only what the GPU tests have checked.
 MATMUL_CHOICES = ("auto", "template", "library")
-MATMUL_DEFAULT = "auto"
+MATMUL_DEFAULT = "library"
 # Note: "auto" lays a half-precision 2-d convolution's weight, its output and the kernels that
 # follow it out channels-last on the cuda target (tasks/lower/layout.py), as cuDNN's tensor-core
 # kernels take them; "traced" keeps the layouts torch.export recorded (row-major, or the
-# model's own). The cpu target is "traced" either way. "auto" is the default (make test-gpu's
-# tests/test_cuda_end_to_end.py runs both on the GPU).
+# model's own). The cpu target is "traced" either way. "traced" is the default until "auto" has
+# run on a GPU (make test-gpu's tests/test_cuda_end_to_end.py runs both), as for the matmul
+# templates above.
 LAYOUT_CHOICES = ("auto", "traced")
-LAYOUT_DEFAULT = "auto"
+LAYOUT_DEFAULT = "traced"
 
 
 @dataclass(frozen=True, slots=True)

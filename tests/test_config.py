@@ -38,8 +38,8 @@ def test_defaults(tmp_path: Path) -> None:
     config = _load(tmp_path, GOOD)
     assert config.fields["model.dtype"] == "float32"  # type: ignore[attr-defined]
     assert config.fields["weights.seed"] == 0  # type: ignore[attr-defined]
-    assert config.fields["tuning.matmul"] == "auto"  # type: ignore[attr-defined]
-    assert config.fields["lower.layout"] == "auto"  # type: ignore[attr-defined]
+    assert config.fields["tuning.matmul"] == "library"  # type: ignore[attr-defined]
+    assert config.fields["lower.layout"] == "traced"  # type: ignore[attr-defined]
     laid = _load(tmp_path, GOOD.replace("[model]", "[lower]\nlayout = \"auto\"\n[model]"))
     assert laid.fields["lower.layout"] == "auto"  # type: ignore[attr-defined]
 

@@ -3,7 +3,7 @@
 cuDNN's half-precision convolutions run on tensor cores in NHWC. Given NCHW tensors, eager's
 call transposes its input and weight into NHWC and its result back, three kernels around each
 convolution; Inductor avoids them by laying a conv net out channels-last. kiln does too, with
-`[lower] layout = "auto"` (the default; contract/config.py):
+`[lower] layout = "auto"` (contract/config.py):
 
 - a 2-d convolution's weight (a model weight) is laid out channels-last, once, at create (the
   runtime lays a weight out from the file's row-major bytes: kiln_runtime.cpp bind_weights);

@@ -22,9 +22,6 @@ fi
 torch_version=$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])")
 # Pin torch to what is there so no dependency can swap it for another build.
 echo "torch==$torch_version" > "$venv/kiln-torch-pin.txt"
-# Note: compat mode puts the checkout on sys.path (a .pth) instead of an import hook that runs
-# after it: with the hook, a folder named like one of kiln's packages beside a user's script (a
-# `cache/` for compile()'s cache_dir) was imported in its place.
-"${pip[@]}" -c "$venv/kiln-torch-pin.txt" -e ".[dev]" --config-settings editable_mode=compat
+"${pip[@]}" -c "$venv/kiln-torch-pin.txt" -e ".[dev]"
 touch "$venv/.ready"
 echo "kiln setup: environment ready in $venv (torch $torch_version)"

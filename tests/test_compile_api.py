@@ -316,19 +316,6 @@ def test_a_loaded_custom_op_is_a_clear_error_that_says_why(tmp_path: Path) -> No
                      cache_dir=tmp_path / "c")
 
 
-def test_a_folder_named_like_kilns_packages_beside_the_users_script_is_not_imported(tmp_path: Path) -> None:
-    # Note: before, with setuptools' editable import hook, a cache_dir named cache/ beside the
-    # script was imported as kiln's `cache` package on the next run (scripts/setup_env.sh)
-    import subprocess
-
-    (tmp_path / "cache" / "records").mkdir(parents=True)
-    (tmp_path / "tasks").mkdir()
-    script = tmp_path / "user.py"
-    script.write_text("from cache.records import Records\nimport tasks.lower\nprint('ok')\n")
-    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                         check=False)
-    assert ran.stdout.strip() == "ok", ran.stderr[-2000:]
-
 
 class RelativePositionBias(torch.nn.Module):
     """BEiT's relative position bias, as transformers writes it: a table interpolated and cat with

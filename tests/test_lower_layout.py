@@ -182,3 +182,24 @@ def test_as_strided_over_a_channels_last_kernel_matches_eager() -> None:
     compile_fn(StridedOverKernels().eval().half(), x, rtol=2e-2, atol=2e-2, layout="auto")
     with pytest.raises(LoweringError, match="as_strided over"):  # an NCHW input: eager's layout is NCHW
         compile_fn(StridedOverKernels().eval().half(), x.contiguous(), rtol=2e-2, atol=2e-2, layout="auto")
+
+
+class PermutedConvolution(nn.Module):
+    """A convolution's channels-last buffer, permuted so that its view's indices match an
+    [N, H, W, C] kernel buffer's, and as_strided over it as eager lays it out (NCHW)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv(x)
+        return y.permute(0, 3, 1, 2) * 2, torch.as_strided(y, (2, 6, 4), (384, 64, 1))
+
+
+def test_as_strided_over_a_convolutions_buffer_stays_refused_after_a_permute() -> None:
+    # Note: a review caught this: the permute's view looked like a kernel's NHWC buffer, and the
+    # refusal was lifted over storage that eager lays out NCHW
+    x = torch.randn(2, 4, 8, 8, dtype=torch.float16)
+    with pytest.raises(LoweringError, match="as_strided over"):
+        compile_fn(PermutedConvolution().eval().half(), x, rtol=2e-2, atol=2e-2, layout="auto")

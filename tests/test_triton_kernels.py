@@ -73,6 +73,10 @@ PATTERNS: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
                                        a.int() % d.int()),
                          (torch.tensor([-2**63, -2**63 + 1, 5, -2**31, 7, 0]),
                           torch.tensor([-1, -1, -1, -1, 2, -1]))),
+    # unsigned: no -1 to compare with (Triton refuses an unsigned tensor against a negative constant)
+    "uint8_ops": (lambda a, d: (a // d, a % d, torch.fmod(a, d), torch.pow(a, d % 4)),
+                  (torch.tensor([200, 7, 0, 255, 13, 1], dtype=torch.uint8),
+                   torch.tensor([3, 2, 5, 255, 4, 1], dtype=torch.uint8))),
     "embedding": (lambda i, w: F.embedding(i, w) * 2, (IDX, X)),
     "gather_where": (lambda x, i: torch.where(x[:5, :3] > 0, x.gather(0, i), 0.5), (X, IDX)),
     "index_put": (lambda x, i: x.index_put((i[:, 0],), torch.ones(5, 33), accumulate=True), (X, IDX)),
@@ -232,7 +236,8 @@ def test_every_kernel_matches_the_interpreter_compiled_on_the_gpu(name: str) -> 
 def test_integer_helpers_compile_for_sm90() -> None:
     """The integer helpers (powers, shifts, division by -1) through Triton's real compiler, which
     the interpreter above does not run: on a CPU machine too."""
-    kernels = [k for p in ("int_ops", "int_pow", "shifts", "int_by_minus_one") for k in _pattern_kernels(p)]
+    patterns = ("int_ops", "int_pow", "shifts", "int_by_minus_one", "uint8_ops")
+    kernels = [k for p in patterns for k in _pattern_kernels(p)]
     results = compile_sm90(kernels)
     assert not [f"{r['name']}: {r['error']}" for r in results if "error" in r]
     assert len(results) == len(kernels)

@@ -57,21 +57,20 @@ _INDEX_OPS = (Op.VAR, Op.ADD, Op.SUB, Op.MUL, Op.FLOORDIV, Op.MOD)
 HELPERS = {
     "_kiln_floordiv": '''@triton.jit
 def _kiln_floordiv(a, b):
-    # Python's floor division; 0 for a zero divisor, so a masked lane never traps; by -1 a
-    # negation that wraps, as torch's (LLVM leaves the lowest integer's sdiv by -1 undefined).
-    d = tl.where((b == 0) | (b == -1), 1, b)
+    # Python's floor division; 0 for a zero divisor, so a masked lane never traps.
+    d = tl.where(b == 0, 1, b)
     q = a // d
     q = tl.where(((a % d) != 0) & ((a < 0) != (d < 0)), q - 1, q)
-    return tl.where(b == 0, 0, tl.where(b == -1, 0 - a, q))''',
+    return tl.where(b == 0, 0, q)''',
     "_kiln_mod": '''@triton.jit
 def _kiln_mod(a, b):
-    # Python's modulo: the divisor's sign; 0 for a zero divisor, and by -1 (as above).
-    d = tl.where((b == 0) | (b == -1), 1, b)
+    # Python's modulo: the divisor's sign; 0 for a zero divisor.
+    d = tl.where(b == 0, 1, b)
     r = a % d
     r = tl.where((r != 0) & ((r < 0) != (d < 0)), r + d, r)
     return tl.where(b == 0, 0, r)''',
     "_kiln_ipow": '''@triton.jit
-def _kiln_ipow(a, b, BITS: tl.constexpr):
+def _kiln_ipow(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):
     # Integer powers as torch computes them (ATen's powi): square and multiply, wrapping on
     # overflow; a negative exponent gives 1 for a base of 1, +-1 for -1, 0 for any other base.
     result = a * 0 + 1
@@ -81,8 +80,10 @@ def _kiln_ipow(a, b, BITS: tl.constexpr):
         result = tl.where((e & 1) != 0, result * base, result)
         base = base * base
         e = e >> 1
-    negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0))
-    return tl.where(b < 0, negative.to(result.dtype), result)''',
+    if SIGNED:  # an unsigned tensor cannot be compared with -1
+        negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0))
+        result = tl.where(b < 0, negative.to(result.dtype), result)
+    return result''',
     "_kiln_shl": '''@triton.jit
 def _kiln_shl(a, b, BITS: tl.constexpr):
     # torch's shifts (ATen's BinaryOpsKernel): by a negative amount or by the width or more, 0
@@ -258,16 +259,23 @@ class ExprWriter(SsaWriter[tuple[str, Shape]]):
                 raise ValueError(f"{op.value} on floats reaches codegen; lowering should have rewritten it")
             fn = "_kiln_floordiv" if op is Op.FLOORDIV else "_kiln_mod"
             self.helpers.add(fn)
-            return f"{fn}({a[0]}, {a[1]})"
+            if not _signed(operand):
+                return f"{fn}({a[0]}, {a[1]})"
+            # by -1: a negation that wraps, and 0, as torch's (LLVM leaves the lowest integer's
+            # sdiv and srem by -1 undefined); an unsigned tensor cannot be compared with -1
+            call = f"{fn}({a[0]}, tl.where({a[1]} == -1, 1, {a[1]}))"
+            return f"tl.where({a[1]} == -1, 0 - {a[0]}, {call})" if op is Op.FLOORDIV else call
         if op in (Op.MAXIMUM, Op.MINIMUM):
             fn = "_kiln_maximum" if op is Op.MAXIMUM else "_kiln_minimum"
             self.helpers.add(fn)
             return f"{fn}({a[0]}, {a[1]})"
         if op is Op.FMOD and not operand.is_float:
-            return f"({a[0]} % tl.where({a[1]} == -1, 1, {a[1]}))"  # truncating, as C's; by -1 as above
+            if not _signed(operand):
+                return f"({a[0]} % {a[1]})"  # Triton's integer % truncates, as C's
+            return f"({a[0]} % tl.where({a[1]} == -1, 1, {a[1]}))"  # by -1: 0 (above)
         if op is Op.POW and not operand.is_float:  # not through double: inexact above 2**53, saturating
             self.helpers.add("_kiln_ipow")
-            return f"_kiln_ipow({a[0]}, {a[1]}, {operand.itemsize * 8})"
+            return f"_kiln_ipow({a[0]}, {a[1]}, {operand.itemsize * 8}, {_signed(operand)})"
         if op in (Op.LSHIFT, Op.RSHIFT):
             fn = "_kiln_shl" if op is Op.LSHIFT else "_kiln_shr"
             self.helpers.add(fn)
@@ -279,3 +287,7 @@ class ExprWriter(SsaWriter[tuple[str, Shape]]):
         if op in _INFIX:
             return f"({a[0]} {_INFIX[op]} {a[1]})"
         raise ValueError(f"no Triton for {op.value}")
+
+
+def _signed(dtype: DType) -> bool:
+    return dtype.is_int and dtype is not DType.U8

@@ -89,14 +89,17 @@ def _convolution(ctx: Lower, call: Call) -> TensorValue:
 # precision), kiln calls the convolution without its bias, into its own buffer
 # (wrapper.on_cudnn), and adds the bias in a pointwise kernel, which the schedule fuses into
 # the kernel after it (a norm, an activation): two passes fewer, with eager's roundings (the
-# product rounds to the dtype, then the add rounds once). A depthwise convolution stays as it
-# is: eager's depthwise kernels add the bias inside, and on_cudnn leaves them to at::convolution.
+# product rounds to the dtype, then the add rounds once). A depthwise convolution keeps its bias,
+# as on_cudnn leaves it to at::convolution (whose own choice of kernel adds it); so does one with
+# a sample of more than 2^31 elements, which eager may run off cuDNN, the bias inside the sum.
 def _bias_after_cudnn(inputs: list[TensorValue | None], groups: int, dtype: DType) -> bool:
     """Whether a convolution's bias is added after its cuDNN call, as eager adds it."""
     x, weight, bias = inputs
     if x is None or weight is None or bias is None or bias.dtype is not dtype or bias.ndim != 1:
         return False
     if x.dtype is not dtype or weight.dtype is not dtype or 0 in x.shape + weight.shape:
+        return False
+    if math.prod(x.shape[1:]) > 2**31 - 1:
         return False
     channels = x.shape[1]
     return not (groups > 1 and channels == groups and weight.shape[0] % channels == 0)  # depthwise

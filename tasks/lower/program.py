@@ -176,13 +176,20 @@ class GraphLowering:
             if value.is_identity():
                 if not same_layout(value.shape, strides, value.buffer.stride):
                     self.ctx.eager_strides[value.buffer.name] = strides
-            elif value.buffer.name in self.ctx.channels_last and value == nchw_view(value.buffer):
-                # a kernel's [N, H, W, C] buffer: eager's too where eager keeps a channels-last
-                # input's layout (its storage is then kiln's, and as_strided addresses it alike)
+            elif self._a_kernels_nhwc_buffer(value):
+                # eager's layout too where eager keeps a channels-last input's (its storage is
+                # then kiln's, and as_strided addresses it alike)
                 if same_layout(value.shape, strides, channels_last_strides(value.shape)):
                     self.ctx.eager_strides.pop(value.buffer.name, None)
                 else:
                     self.ctx.eager_strides[value.buffer.name] = strides
+
+    def _a_kernels_nhwc_buffer(self, value: TensorValue) -> bool:
+        """value is a kernel's [N, H, W, C] row-major buffer seen as [N, C, H, W]; not a
+        convolution's buffer (NCHW dims, channels-last strides), which a permute views alike."""
+        buffer = value.buffer
+        return (buffer.name in self.ctx.channels_last and len(buffer.shape) == 4
+                and buffer.stride == contiguous_strides(buffer.shape) and value == nchw_view(buffer))
 
     def _lower(self, node: Json, name: str, meta: Any) -> Any:
         fn = LOWERINGS.get(name)
